@@ -1,0 +1,509 @@
+r"""KL value estimators, KL heads and the KL loss.
+
+Notation (SPEC §2). Per token: ``logp`` = l (trainable policy, carries gradient), its detached copy l̄,
+``ref_logp`` = r, ``old_logp`` = o (behaviour policy). Log-ratio u = l̄ - r; sequence log-ratio
+U = Σ_t m_t u_t. Importance ratio ρ = exp(l - o) per token, or exp(Σ_t m_t (l_t - o_t)) per sequence.
+
+A *head* is a scalar rule on (logp, ref_logp). Every head has an in-reward coefficient c(l̄, r): a detached
+weight on the score function ∇l. An "as loss" head also has a differentiable penalty ψ(l, r) whose
+on-policy gradient is c·∇l with c = ∂ψ/∂l at l = l̄ (paper eq. kn′).
+
+*Level* says what a head acts on (SPEC §5):
+  - ``sequence``: c(U) on every response token (as loss: ψ(Σ l, Σ r)). The paper's bandit view.
+  - ``token_to_go``: token t gets Σ_{t'≥t} m_t' c(u_t') (KL in the reward, summed as a return).
+  - ``token``: token t gets c(u_t) alone (GRPO / TRL / verl).
+
+Expected-gradient targets used below (all gradients of divergences are w.r.t. θ of π_θ):
+  - ``rkl``: ∇ KL(π‖π_ref) over whole sequences, the quantity every RLHF KL term means to regularise.
+  - ``fkl``: ∇ KL(π_ref‖π) over whole sequences (forward KL).
+  - ``mse``: ∇ ½ Σ_y (π(y) - π_ref(y))².
+  - ``local_rkl`` / ``local_fkl`` / ``local_mse``: Σ_t E_{y<t ~ π̄}[∇ D(π(·|y<t), π_ref(·|y<t))], the per-step
+    divergence gradient with the prefix distribution held fixed (the effect of today's token on the
+    distribution of future prefixes is dropped). This is what token-level heads optimise.
+  - ``expected_length``: ∇ E_π[|y|] (k1-as-loss at token_to_go: c ≡ 1 summed over the remaining tokens).
+  - ``zero``: no gradient in expectation.
+
+Numerics. Heads compute in float32 or better. The only non-polynomial pieces are exponentials (k3, MSE);
+they use :func:`exp_linear_tail`, which is exact for arguments ≤ ``EXP_CAP`` = 20 and continues linearly
+(value and gradient finite and of the right sign) above it. So every head is exact for |log-ratio| ≤ 20
+and finite for every finite input with |l|, |r| ≤ 1e18 (float32). No clamp ever zeroes a gradient.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+EstimatorKind = Literal["k1", "k2", "k3"]
+Level = Literal["sequence", "token_to_go", "token"]
+RatioLevel = Literal["token", "sequence"]
+HeadStyle = Literal["in_reward", "as_loss", "none"]
+Target = Literal["rkl", "fkl", "mse", "local_rkl", "local_fkl", "local_mse", "expected_length", "zero"]
+
+LEVELS: tuple[str, ...] = get_args(Level)
+RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
+
+EXP_CAP = 20.0
+"""exp(x) is exact for x ≤ EXP_CAP and linear above (see :func:`exp_linear_tail`)."""
+
+MAX_LOG_RATIO = 20.0
+"""Default cap on an importance log-ratio: ρ ≤ e^20 ≈ 4.9e8 in value; the gradient passes unchanged."""
+
+
+# ----------------------------------------------------------------------------------------------------------
+# numerics
+
+
+def _at_least_f32(x: Tensor) -> Tensor:
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def exp_linear_tail(x: Tensor, cap: float = EXP_CAP) -> Tensor:
+    r"""exp(x) for x ≤ cap, e^cap · (1 + x - cap) above; elementwise, any shape.
+
+    C¹ and increasing: value and derivative (exp(min(x, cap))) are finite for every finite x, so a
+    clamped exponential never silently zeroes a gradient or flips its sign.
+    """
+    e = torch.exp(x.clamp(max=cap))
+    return torch.where(x <= cap, e, e * (1.0 + (x - cap)))
+
+
+def _exp_slope(x: Tensor, cap: float = EXP_CAP) -> Tensor:
+    """d/dx exp_linear_tail(x) = exp(min(x, cap))."""
+    return torch.exp(x.clamp(max=cap))
+
+
+def _straight_through_cap(x: Tensor, cap: float) -> Tensor:
+    """min(x, cap) in value, identity in gradient (the gradient is never zeroed)."""
+    return x - (x - cap).clamp(min=0).detach()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# value estimators (SPEC §3)
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: EstimatorKind) -> Tensor:
+    r"""Elementwise KL value estimators with u = logp - ref_logp and δ = π_ref/π = e^{-u}.
+
+    k1 = u,  k2 = ½u²,  k3 = δ - 1 + u (= e^{-u} - 1 + u).
+
+    Shapes: any, broadcastable -> broadcast shape. Values only: these carry no statement about gradients
+    (that is what heads are for). Under samples from π, E[k1] = E[k3] = KL(π‖π_ref); k2 is biased;
+    k3 ≥ 0 always but its variance is χ²-like. k3 uses :func:`exp_linear_tail` (exact for u ≥ -20).
+    """
+    u = _at_least_f32(logp) - _at_least_f32(ref_logp)
+    if kind == "k1":
+        return u
+    if kind == "k2":
+        return 0.5 * u * u
+    if kind == "k3":
+        return (exp_linear_tail(-u) - 1.0) + u
+    raise ValueError(f"kind must be one of ('k1', 'k2', 'k3'), got {kind!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# heads (SPEC §4)
+
+
+class KLHead:
+    """A KL regulariser judged by its gradient. Subclasses define ``_coefficient`` and, if as-loss,
+    ``_penalty`` on float tensors of any (equal) shape.
+
+    Attributes:
+        name: registry name.
+        style: ``"in_reward"``, ``"as_loss"`` or ``"none"``.
+        targets: per level, the expected on-policy gradient this head produces (see module docstring),
+            or None where it is not the gradient of a named divergence.
+    """
+
+    name: str = ""
+    style: HeadStyle = "none"
+    targets: dict[str, Target | None] = {}  # noqa: RUF012 (read-only class data)
+
+    def coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        """Detached score-function coefficient c(l̄, r); same shape as the inputs."""
+        with torch.no_grad():
+            return self._coefficient(_at_least_f32(logp.detach()), _at_least_f32(ref_logp.detach()))
+
+    def penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor | None:
+        """Differentiable penalty ψ(l, r) for as-loss heads (gradient flows through ``logp``), else None."""
+        if self.style != "as_loss":
+            return None
+        return self._penalty(_at_least_f32(logp), _at_least_f32(ref_logp.detach()))
+
+    def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"KLHead(name={self.name!r}, style={self.style!r})"
+
+
+class NoKL(KLHead):
+    """No KL regularisation: c = 0, no penalty. Expected gradient: zero at every level."""
+
+    name, style = "none", "none"
+    targets = {"sequence": "zero", "token_to_go": "zero", "token": "zero"}  # noqa: RUF012
+
+    def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return torch.zeros_like(logp - ref_logp)
+
+
+class K1InReward(KLHead):
+    r"""k1 in reward (PPO / REINFORCE): detached coefficient c = u = l̄ - r on the score function.
+
+    Expected gradient (on-policy):
+      - sequence: E[U ∇ log π(y)] = ∇ KL(π‖π_ref), exact (paper eq. kl_grad_target).
+      - token_to_go: E[Σ_t (Σ_{t'≥t} u_t') ∇l_t] = ∇ KL(π‖π_ref), exact and lower-variance (the dropped past
+        terms Σ_{t'<t} u_t' are functions of the prefix, whose score has zero mean).
+      - token: E[Σ_t u_t ∇l_t] = local_rkl: biased against the sequence reverse KL (future terms missing).
+    """
+
+    name, style = "k1_in_reward", "in_reward"
+    targets = {"sequence": "rkl", "token_to_go": "rkl", "token": "local_rkl"}  # noqa: RUF012
+
+    def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return logp - ref_logp
+
+
+class K2AsLoss(KLHead):
+    r"""k2 as loss: ψ = ½(l - r)², so c = ∂ψ/∂l = l̄ - r = u, identical to k1 in reward per sample.
+
+    Expected gradient (on-policy): as :class:`K1InReward` at every level — sequence: ∇ KL(π‖π_ref) exactly
+    (ψ of the summed log-probs); token_to_go: exact; token: local_rkl, biased (SPEC §5: per-token k2,
+    what GRPO-style code does with k2, is NOT the sequence reverse-KL gradient).
+    """
+
+    name, style = "k2_as_loss", "as_loss"
+    targets = {"sequence": "rkl", "token_to_go": "rkl", "token": "local_rkl"}  # noqa: RUF012
+
+    def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return logp - ref_logp
+
+    def _penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        u = logp - ref_logp
+        return 0.5 * u * u
+
+
+class K3AsLoss(KLHead):
+    r"""k3 as loss (GRPO): ψ = e^{r-l} - 1 + (l - r), so c = 1 - e^{r - l̄} = 1 - δ (paper's k3').
+
+    A first-order (Taylor) surrogate of the exact coefficient u = -log δ: it saturates at 1 when π ≫ π_ref
+    (weak restoring force) and explodes like -δ when π ≪ π_ref. Expected gradient (on-policy):
+      - sequence: E[(1 - π_ref/π) ∇ log π] = -Σ_y π_ref ∇ log π = ∇ KL(π_ref‖π): the exact gradient of the
+        *forward* KL, a biased reverse-KL gradient.
+      - token and token_to_go: local_fkl (the two coincide in expectation because E_π[Σ_t m_t(1 - δ_t)] ≡ 0).
+    Numerics: e^{r-l} uses :func:`exp_linear_tail`; exact for u ≥ -20;
+    below, c = 1 - e^20 (saturated, finite).
+    """
+
+    name, style = "k3_as_loss", "as_loss"
+    targets = {"sequence": "fkl", "token_to_go": "local_fkl", "token": "local_fkl"}  # noqa: RUF012
+
+    def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return 1.0 - _exp_slope(ref_logp - logp)
+
+    def _penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return (exp_linear_tail(ref_logp - logp) - 1.0) + (logp - ref_logp)
+
+
+class K3InReward(K3AsLoss):
+    r"""k3' in reward: the detached coefficient c = 1 - e^{r - l̄} of k3 as loss, on the score function.
+
+    Gradient twin of :class:`K3AsLoss` (identical per sample on-policy); expected gradient: sequence
+    ∇ KL(π_ref‖π) (forward KL); token and token_to_go: local_fkl.
+    """
+
+    name, style = "k3_in_reward", "in_reward"
+
+
+class K1AsLoss(KLHead):
+    r"""k1 as loss: ψ = l - r, c ≡ 1. A counterexample, not a regulariser.
+
+    Expected gradient (on-policy): sequence and token: E[∇ log π] = 0 exactly, independent of π_ref; only
+    zero-mean noise. token_to_go: E[Σ_t (#tokens from t on) ∇l_t] = ∇ E_π[|y|] (pressure on response
+    length, zero when every response has the same length), still independent of π_ref.
+    """
+
+    name, style = "k1_as_loss", "as_loss"
+    targets = {"sequence": "zero", "token_to_go": "expected_length", "token": "zero"}  # noqa: RUF012
+
+    def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return torch.ones_like(logp - ref_logp)
+
+    def _penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return logp - ref_logp
+
+
+class MSEInReward(KLHead):
+    r"""MiniMax-01's MSE head in reward: c = π̄ - π_ref = e^{l̄} - e^{r}, bounded in [-1, 1] for log-probs.
+
+    On-policy E_π[(π - π_ref) ∇ log π] = Σ_y (π - π_ref) ∇π = ∇ ½ Σ_y (π - π_ref)²: an MSE distance, not a KL.
+    Expected gradient (on-policy): sequence: ∇ ½ Σ_y (π(y) - π_ref(y))² (``mse``); token: local_mse;
+    token_to_go: no named divergence (reported against the reverse KL by the audit).
+    Numerics: exponentials via :func:`exp_linear_tail` (exact for log-probs ≤ 20, i.e. always for real ones).
+    """
+
+    name, style = "mse_in_reward", "in_reward"
+    targets = {"sequence": "mse", "token_to_go": None, "token": "local_mse"}  # noqa: RUF012
+
+    def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        return exp_linear_tail(logp) - exp_linear_tail(ref_logp)
+
+
+class CustomKLHead(KLHead):
+    r"""A head from any differentiable elementwise penalty ψ(logp, ref_logp); style ``as_loss``.
+
+    Its coefficient is derived by autograd (paper eq. kn′): c = ∂ψ/∂l evaluated at the detached l̄.
+    Expected gradient on-policy: E[c ∇ log π] at the chosen level; the audit measures it.
+    """
+
+    style = "as_loss"
+
+    def __init__(self, penalty_fn: Callable[[Tensor, Tensor], Tensor], name: str) -> None:
+        if not callable(penalty_fn):
+            raise TypeError(f"penalty_fn must be callable, got {type(penalty_fn).__name__}")
+        self.penalty_fn = penalty_fn
+        self.name = name
+        self.targets = {"sequence": None, "token_to_go": None, "token": None}
+        self.__doc__ = (penalty_fn.__doc__ or "") + "\n(custom KL head; coefficient by autograd)"
+
+    def _penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        out = self.penalty_fn(logp, ref_logp)
+        if not isinstance(out, Tensor) or out.shape != logp.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(
+                f"custom KL head {self.name!r}: penalty_fn must return an elementwise tensor of shape "
+                f"{tuple(logp.shape)}, got {got}"
+            )
+        return out
+
+    def coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        with torch.enable_grad():
+            l = _at_least_f32(logp.detach()).clone().requires_grad_(True)
+            psi = self._penalty(l, _at_least_f32(ref_logp.detach()))
+            (grad,) = torch.autograd.grad(psi.sum(), l, allow_unused=True)
+        return torch.zeros_like(l.detach()) if grad is None else grad.detach()
+
+
+KL_HEADS: dict[str, KLHead] = {
+    h.name: h for h in (NoKL(), K1InReward(), K2AsLoss(), K3AsLoss(), K3InReward(), K1AsLoss(), MSEInReward())
+}
+"""Registry of the built-in heads (SPEC §4)."""
+
+_warned_k1_as_loss = False
+
+
+def get_kl_head(name: str | KLHead) -> KLHead:
+    """Look up a head by name (or pass a head through). ``k1_as_loss`` warns once per process."""
+    global _warned_k1_as_loss
+    if isinstance(name, KLHead):
+        return name
+    if name not in KL_HEADS:
+        raise ValueError(f"unknown KL head {name!r}; choose one of {sorted(KL_HEADS)}")
+    if name == "k1_as_loss" and not _warned_k1_as_loss:
+        _warned_k1_as_loss = True
+        warnings.warn(
+            "k1_as_loss has zero expected gradient (E[∇log π] = 0): it adds noise and no regularisation. "
+            "Use k2_as_loss or k1_in_reward for the reverse-KL gradient.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return KL_HEADS[name]
+
+
+def custom_kl_head(penalty_fn: Callable[[Tensor, Tensor], Tensor], name: str = "custom") -> KLHead:
+    """A head from a differentiable elementwise penalty ψ(logp, ref_logp); coefficient by autograd."""
+    return CustomKLHead(penalty_fn, name)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# coefficients at a level, ratios, and the KL loss
+
+
+def masked_sum(x: Tensor, mask: Tensor) -> Tensor:
+    """Σ_t m_t x_t over the last dim, (B, T) -> (B,); masked entries never matter (even NaN)."""
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum(-1)
+
+
+def reverse_cumsum(x: Tensor) -> Tensor:
+    """y_t = Σ_{t'≥t} x_t' along the last dim, (B, T) -> (B, T)."""
+    return x.flip(-1).cumsum(-1).flip(-1)
+
+
+def level_coefficients(head: KLHead, logp: Tensor, ref_logp: Tensor, mask: Tensor, level: Level) -> Tensor:
+    r"""Per-token detached KL coefficients C_t at a level, (B, T) -> (B, T); zero at masked positions.
+
+    sequence: C_t = c(Σ l̄, Σ r) for every response token; token_to_go: C_t = Σ_{t'≥t} m_t' c(l̄_t', r_t');
+    token: C_t = c(l̄_t, r_t).
+    """
+    mask = mask.bool()
+    l = torch.where(mask, _at_least_f32(logp.detach()), 0.0)  # (B, T)
+    r = torch.where(mask, _at_least_f32(ref_logp.detach()), 0.0)  # (B, T)
+    if level == "sequence":
+        c_seq = head.coefficient(l.sum(-1), r.sum(-1))  # (B,)
+        coef = c_seq[:, None].expand_as(l)  # (B, T)
+    elif level == "token":
+        coef = head.coefficient(l, r)  # (B, T)
+    elif level == "token_to_go":
+        coef = reverse_cumsum(torch.where(mask, head.coefficient(l, r), 0.0))  # (B, T)
+    else:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    return torch.where(mask, coef, 0.0)
+
+
+def importance_ratio(
+    logp: Tensor,
+    old_logp: Tensor,
+    mask: Tensor,
+    ratio_level: RatioLevel = "token",
+    max_log_ratio: float = MAX_LOG_RATIO,
+) -> Tensor:
+    r"""Per-token importance ratio with gradient through ``logp`` of its own token only, (B, T) -> (B, T).
+
+    token: ρ_t = exp(l_t - o_t). sequence: ρ̃_t = sg(ρ) · exp(l_t - l̄_t) with ρ = exp(Σ_t m_t (l_t - o_t)):
+    value ρ (the sequence ratio) and gradient ρ ∇l_t, so Σ_t ρ̃_t C_t has gradient ρ Σ_t C_t ∇l_t (unbiased
+    sequence-level IS for any per-token coefficient). Log-ratios are capped at ``max_log_ratio`` in value
+    only (straight-through), so ρ never overflows and its gradient is never zeroed.
+    """
+    mask = mask.bool()
+    l = torch.where(mask, _at_least_f32(logp), 0.0)  # (B, T)
+    o = torch.where(mask, _at_least_f32(old_logp.detach()), 0.0)  # (B, T)
+    if ratio_level == "token":
+        return torch.exp(_straight_through_cap(l - o, max_log_ratio))  # (B, T)
+    if ratio_level == "sequence":
+        seq_log_ratio = _straight_through_cap((l - o).sum(-1, keepdim=True), max_log_ratio)  # (B, 1)
+        return torch.exp(seq_log_ratio.detach() + (l - l.detach()))  # (B, T)
+    raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+
+
+def clipped_surrogate_penalty(coef: Tensor, ratio: Tensor, clip_eps: float | None) -> Tensor:
+    r"""PPO-consistent clipped surrogate for a penalty coefficient, elementwise (to minimise).
+
+    A penalty c is an advantage of -c, so the loss is max(ρ·c, clip(ρ, 1-ε, 1+ε)·c) (SPEC §7; the paper's
+    min(ρc, clip(ρ)c) clips the wrong side). Its gradient stops once ρ has moved ε in the direction the
+    penalty pushes: down for c > 0, up for c < 0. ``clip_eps=None``: plain ρ·c (IS, no clipping).
+    """
+    unclipped = ratio * coef
+    if clip_eps is None:
+        return unclipped
+    return torch.maximum(unclipped, ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * coef)
+
+
+def _validate(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    old_logp: Tensor | None,
+    level: str,
+    ratio_level: str,
+    clip_eps: float | None,
+) -> None:
+    if logp.dim() != 2:
+        raise ValueError(f"logp must have shape [B, T], got {tuple(logp.shape)}")
+    for name, t in (("ref_logp", ref_logp), ("mask", mask), ("old_logp", old_logp)):
+        if t is not None and t.shape != logp.shape:
+            raise ValueError(f"{name} must have the shape of logp {tuple(logp.shape)}, got {tuple(t.shape)}")
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    if clip_eps is not None and not (0.0 < clip_eps < 1.0):
+        raise ValueError(f"clip_eps must be in (0, 1) or None, got {clip_eps!r}")
+
+
+def kl_loss_per_sequence(
+    head: KLHead | str,
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    *,
+    old_logp: Tensor | None = None,
+    level: Level = "sequence",
+    clip_eps: float | None = None,
+    ratio_level: RatioLevel = "sequence",
+    is_correction: bool = True,
+    max_log_ratio: float = MAX_LOG_RATIO,
+) -> Tensor:
+    r"""Per-sequence KL loss (tokens summed, β not included), shapes (B, T) -> (B,). See :func:`kl_loss`."""
+    head = get_kl_head(head)
+    _validate(logp, ref_logp, mask, old_logp, level, ratio_level, clip_eps)
+    mask = mask.bool()
+    l = torch.where(mask, _at_least_f32(logp), 0.0)  # (B, T) garbage in padding never matters
+    r = torch.where(mask, _at_least_f32(ref_logp.detach()), 0.0)  # (B, T)
+    if head.style == "none":
+        return (l * 0.0).sum(-1)  # (B,) zero, but keeps the graph
+
+    off_policy = old_logp is not None and is_correction
+    if head.style == "as_loss" and not off_policy and level != "token_to_go":
+        # Differentiate the penalty directly: exact on-policy; off-policy this is the common bug.
+        if level == "sequence":
+            return head.penalty(l.sum(-1), r.sum(-1))  # (B,)
+        return masked_sum(head.penalty(l, r), mask)  # (B,)
+
+    behaviour = old_logp if off_policy else l.detach()
+    if level == "sequence" and ratio_level == "sequence":
+        # Bandit view: one coefficient, one ratio per sequence: max(ρ c, clip(ρ) c) with ρ = e^{L - O}.
+        o = torch.where(mask, _at_least_f32(behaviour.detach()), 0.0)  # (B, T)
+        seq_coef = head.coefficient(l.sum(-1), r.sum(-1))  # (B,)
+        seq_ratio = torch.exp(_straight_through_cap((l - o).sum(-1), max_log_ratio))  # (B,)
+        return clipped_surrogate_penalty(seq_coef, seq_ratio, clip_eps if off_policy else None)
+    coef = level_coefficients(head, l, r, mask, level)  # (B, T) detached, from the *current* l̄
+    ratio = importance_ratio(l, behaviour, mask, ratio_level, max_log_ratio)  # (B, T)
+    per_token = clipped_surrogate_penalty(coef, ratio, clip_eps if off_policy else None)  # (B, T)
+    return masked_sum(per_token, mask)  # (B,)
+
+
+def kl_loss(
+    head: KLHead | str,
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    *,
+    old_logp: Tensor | None = None,
+    level: Level = "sequence",
+    clip_eps: float | None = None,
+    ratio_level: RatioLevel = "sequence",
+    is_correction: bool = True,
+    max_log_ratio: float = MAX_LOG_RATIO,
+) -> Tensor:
+    r"""KL loss to minimise (β not included): mean over sequences of the per-sequence loss (tokens summed).
+
+    Args:
+        head: a :class:`KLHead` or its registry name.
+        logp: (B, T) current policy log-probs l of the response tokens; gradient flows through it.
+        ref_logp: (B, T) reference log-probs r (detached).
+        mask: (B, T) bool or 0/1, True = the token counts. Masked entries never matter, even NaN.
+        old_logp: (B, T) behaviour log-probs o; None means on-policy (o = l̄).
+        level: ``sequence`` | ``token_to_go`` | ``token`` (module docstring).
+        clip_eps: off-policy only: symmetric PPO clip of the KL head, PPO-consistent side (SPEC §7).
+        ratio_level: off-policy importance ratio per ``token`` or per ``sequence``.
+        is_correction: False reproduces the common bug: the head is applied as if on-policy (as-loss
+            penalties differentiated directly, coefficients without IS), for comparisons only.
+        max_log_ratio: cap of the importance log-ratio in value (overflow guard; gradient unchanged).
+
+    Returns:
+        Scalar. On-policy: as-loss heads at ``sequence``/``token`` give ψ (value and gradient); in-reward
+        heads, and as-loss heads at ``token_to_go``, give the score-function surrogate Σ_t C_t ρ_t with
+        ρ = 1 in value, so the gradient is Σ_t C_t ∇l_t. Off-policy (with correction): the head is converted
+        to its coefficient c, recomputed from the current l̄, and applied as max(ρ C, clip(ρ) C), whose
+        gradient (unclipped, sequence ratio) is the unbiased IS estimate of the on-policy gradient.
+    """
+    return kl_loss_per_sequence(
+        head,
+        logp,
+        ref_logp,
+        mask,
+        old_logp=old_logp,
+        level=level,
+        clip_eps=clip_eps,
+        ratio_level=ratio_level,
+        is_correction=is_correction,
+        max_log_ratio=max_log_ratio,
+    ).mean()

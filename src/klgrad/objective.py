@@ -1,0 +1,394 @@
+r"""The policy objective: reward head + KL head, combined or decoupled (SPEC §6–7). No model code.
+
+Reward head (PPO clip, to minimise), per token with ratio ρ_t and advantage A_t:
+    ℓ_t = max(-A_t ρ_t, -A_t clip(ρ_t, 1-ε_low, 1+ε_high)),  and with dual clip c > 1, for A_t < 0:
+    ℓ_t = min(ℓ_t, -c A_t).
+KL head:
+  - combined: the coefficient joins the reward *before* shaping, A = shape(R - β·C) (levels ``sequence``
+    and ``token_to_go``); there is no separate KL loss. IS and clipping are inherited from the reward head.
+  - decoupled: A = shape(R) drives the reward head; the KL head is :func:`klgrad.kl.kl_loss_per_sequence`
+    with β outside, never normalised, with a symmetric clip. All levels.
+Aggregation (a separate, named step) of per-token terms ℓ (B, T) with mask m:
+  - ``seq_mean_token_sum``: (1/B) Σ_i Σ_t m ℓ (the paper's sequence view; default);
+  - ``token_mean``: Σ_i Σ_t m ℓ / Σ_i Σ_t m;
+  - ``seq_mean_token_mean``: (1/B) Σ_i (Σ_t m ℓ / Σ_t m).
+The global normalisers B and Σm are passed in by the trainer, so gradients accumulated over micro-batches
+equal the full-batch gradient exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from klgrad.advantages import PRESETS, shape_rewards
+from klgrad.kl import (
+    KL_HEADS,
+    MAX_LOG_RATIO,
+    KLHead,
+    Level,
+    RatioLevel,
+    get_kl_head,
+    importance_ratio,
+    kl_estimate,
+    kl_loss_per_sequence,
+    level_coefficients,
+    masked_sum,
+)
+
+Form = Literal["combined", "decoupled"]
+Aggregation = Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"]
+FORMS: tuple[str, ...] = get_args(Form)
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """What the loss is made of. Every field is a choice the paper or SPEC names."""
+
+    kl_head: str = "none"
+    """Name of the KL head (see :data:`klgrad.kl.KL_HEADS`)."""
+    beta: float = 0.0
+    """KL weight β (≥ 0)."""
+    kl_level: Level = "sequence"
+    """Where the KL head acts: sequence | token_to_go | token."""
+    form: Form = "decoupled"
+    """combined (coefficient in the reward before shaping) or decoupled (separate KL loss)."""
+    clip_eps_low: float = 0.2
+    """Reward head: lower PPO clip ε_low (ratio ≥ 1 - ε_low)."""
+    clip_eps_high: float = 0.2
+    """Reward head: upper PPO clip ε_high (ratio ≤ 1 + ε_high); > ε_low is 'clip-higher'."""
+    dual_clip: float | None = None
+    """Reward head: dual-clip constant c > 1 bounding the loss of negative advantages by -c·A (None: off)."""
+    ratio_level: RatioLevel = "token"
+    """Reward head importance ratio per token (PPO/GRPO) or per sequence (GSPO-style)."""
+    kl_clip_eps: float | None = 0.2
+    """Decoupled KL head off-policy: symmetric clip ε (None: IS without clipping)."""
+    kl_ratio_level: RatioLevel = "sequence"
+    """Decoupled KL head off-policy: importance ratio per token or per sequence (unbiased)."""
+    kl_is_correction: bool = True
+    """False reproduces the common bug (as-loss KL differentiated off-policy without IS); comparisons only."""
+    aggregation: Aggregation = "seq_mean_token_sum"
+    """How per-token losses become a scalar."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (paper: 0)."""
+    max_log_ratio: float = MAX_LOG_RATIO
+    """Cap of importance log-ratios in value (overflow guard; gradients pass unchanged)."""
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.kl_head in KL_HEADS, "kl_head", f"must be one of {sorted(KL_HEADS)}"),
+            (self.beta >= 0, "beta", "must be >= 0"),
+            (self.form in FORMS, "form", f"must be one of {FORMS}"),
+            (self.aggregation in AGGREGATIONS, "aggregation", f"must be one of {AGGREGATIONS}"),
+            (0 < self.clip_eps_low < 1, "clip_eps_low", "must be in (0, 1)"),
+            (self.clip_eps_high > 0, "clip_eps_high", "must be > 0"),
+            (self.dual_clip is None or self.dual_clip > 1, "dual_clip", "must be > 1 or None"),
+            (
+                self.kl_clip_eps is None or 0 < self.kl_clip_eps < 1,
+                "kl_clip_eps",
+                "must be in (0, 1) or None",
+            ),
+            (self.entropy_coef >= 0, "entropy_coef", "must be >= 0"),
+            (self.max_log_ratio > 0, "max_log_ratio", "must be > 0"),
+            (
+                not (self.form == "combined" and self.kl_level == "token"),
+                "kl_level",
+                "'token' is not a return: the combined form needs 'sequence' or 'token_to_go'",
+            ),
+        ]
+        for ok, name, msg in checks:
+            if not ok:
+                raise ValueError(f"{name} {msg}, got {getattr(self, name)!r}")
+
+    @property
+    def head(self) -> KLHead:
+        return get_kl_head(self.kl_head)
+
+
+@dataclass
+class ObjectiveTerms:
+    """The scalar to minimise and its parts (parts detached, for logging)."""
+
+    loss: Tensor
+    policy_loss: Tensor
+    kl_loss: Tensor
+    entropy: Tensor = field(default_factory=lambda: torch.zeros(()))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# aggregation
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    mode: Aggregation = "seq_mean_token_sum",
+    *,
+    num_sequences: int | None = None,
+    num_tokens: int | float | None = None,
+) -> Tensor:
+    """Aggregate per-token terms (B, T) -> scalar (module docstring). Masked entries never matter.
+
+    ``num_sequences`` / ``num_tokens`` are the global normalisers (default: this batch's own).
+    """
+    mask = mask.bool()
+    totals = masked_sum(per_token, mask)  # (B,)
+    return aggregate_totals(totals, mask, mode, num_sequences=num_sequences, num_tokens=num_tokens)
+
+
+def aggregate_totals(
+    totals: Tensor,
+    mask: Tensor,
+    mode: Aggregation = "seq_mean_token_sum",
+    *,
+    num_sequences: int | None = None,
+    num_tokens: int | float | None = None,
+) -> Tensor:
+    """Aggregate per-sequence token sums (B,) -> scalar, consistently with :func:`aggregate`."""
+    mask = mask.bool()
+    b = totals.shape[0] if num_sequences is None else num_sequences
+    if mode == "seq_mean_token_sum":
+        return totals.sum() / max(b, 1)
+    if mode == "token_mean":
+        n = mask.sum() if num_tokens is None else num_tokens
+        return totals.sum() / max(float(n), 1.0)
+    if mode == "seq_mean_token_mean":
+        return (totals / mask.sum(-1).clamp(min=1)).sum() / max(b, 1)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {mode!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# advantages: decoupled and combined
+
+
+def decoupled_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    group_size: int,
+    method: str,
+    std_min: float | None = None,
+    std_max: float | None = None,
+) -> Tensor:
+    """A = shape(R), broadcast to every response token: (B,) -> (B, T)."""
+    adv = shape_rewards(rewards, group_size, method, std_min, std_max)  # (B,)
+    return torch.where(mask.bool(), adv[:, None], 0.0)  # (B, T)
+
+
+def _shaping_scale(
+    totals: Tensor, group_size: int, method: str, std_min: float | None, std_max: float | None
+) -> Tensor:
+    """∂A_i/∂x_i of the shaping map with its statistics held fixed, (B,) -> (B,).
+
+    Baselines contribute 1 (RLOO's leave-one-out baseline does not contain x_i), each normalisation 1/std
+    (std clipped as in shaping; 1 when the statistic is degenerate and unclipped).
+    """
+    ops = PRESETS.get(method, (method,))
+    x = totals.detach().to(torch.float64)
+    scale = torch.ones_like(x)
+    for op in ops:
+        if op in ("group_norm", "batch_norm"):
+            v = x.view(-1, group_size) if op == "group_norm" else x.view(1, -1)  # (n_groups, G) or (1, B)
+            std = v.std(-1, keepdim=True)
+            if std_min is not None or std_max is not None:
+                std = std.clamp(min=std_min, max=std_max)
+            std = torch.where(std > 0, std, torch.ones_like(std))
+            scale = scale / std.expand_as(v).reshape(-1)
+            x = ((v - v.mean(-1, keepdim=True)) / std).reshape(-1)
+        elif op in ("group_baseline", "rloo"):
+            v = x.view(-1, group_size)
+            x = (v - v.mean(-1, keepdim=True)).reshape(-1)
+        elif op == "batch_baseline":
+            x = x - x.mean()
+    return scale.to(totals.dtype)
+
+
+def combined_advantages(
+    rewards: Tensor,
+    head: KLHead | str,
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    *,
+    beta: float,
+    level: Level,
+    group_size: int,
+    method: str,
+    std_min: float | None = None,
+    std_max: float | None = None,
+) -> Tensor:
+    r"""Combined form: A = shape(R - β·C), shapes rewards (B,), log-probs (B, T) -> (B, T).
+
+    ``sequence``: x_i = R_i - β c(U_i), shaped, on every token. ``token_to_go``: the per-token return
+    x_{i,t} = R_i - β Σ_{t'≥t} c(u_t'); shaping statistics (means, stds, leave-one-out baselines) come from
+    the totals x_{i,1} and the same affine map is applied to every token's return, so A_{i,1} = shape(x)_i and
+    A_{i,t} differs from it only by the scaled prefix KL β Σ_{t'<t} c, which has zero expected gradient
+    (lower variance, same expectation). ``logp`` is the *current* detached policy: recompute every epoch.
+    """
+    if level == "token":
+        raise ValueError("level 'token' is not a return: the combined form needs 'sequence' or 'token_to_go'")
+    head = get_kl_head(head)
+    mask = mask.bool()
+    coef = level_coefficients(head, logp, ref_logp, mask, level)  # (B, T), zero at padding
+    rewards = rewards.to(coef.dtype)
+    if level == "sequence":
+        seq_coef = head.coefficient(
+            torch.where(mask, logp.detach(), 0.0).sum(-1), torch.where(mask, ref_logp.detach(), 0.0).sum(-1)
+        )  # (B,)
+        adv = shape_rewards(rewards - beta * seq_coef, group_size, method, std_min, std_max)  # (B,)
+        return torch.where(mask, adv[:, None].to(coef.dtype), 0.0)  # (B, T)
+    first = mask.long().argmax(-1)  # (B,) first response token (left padding allowed)
+    total_coef = coef.gather(-1, first[:, None]).squeeze(-1)  # (B,) = Σ_t c_t
+    totals = rewards - beta * total_coef  # (B,)
+    adv_total = shape_rewards(totals, group_size, method, std_min, std_max).to(coef.dtype)  # (B,)
+    scale = _shaping_scale(totals, group_size, method, std_min, std_max)  # (B,)
+    prefix_kl = total_coef[:, None] - coef  # (B, T) = Σ_{t'<t} c_t'
+    adv = adv_total[:, None] + scale[:, None] * beta * prefix_kl  # (B, T)
+    return torch.where(mask, adv, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the loss
+
+
+def policy_gradient_loss(
+    logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    old_logp: Tensor | None = None,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
+    dual_clip: float | None = None,
+    ratio_level: RatioLevel = "token",
+    max_log_ratio: float = MAX_LOG_RATIO,
+) -> Tensor:
+    """Per-token clipped policy-gradient loss (B, T) -> (B, T) (module docstring); 0 at padding.
+
+    On-policy (``old_logp=None``) ρ = 1 in value and the gradient is -A ∇l.
+    """
+    mask = mask.bool()
+    behaviour = logp.detach() if old_logp is None else old_logp
+    ratio = importance_ratio(logp, behaviour, mask, ratio_level, max_log_ratio)  # (B, T)
+    adv = torch.where(mask, adv, 0.0).to(ratio.dtype)  # (B, T)
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high))
+    if dual_clip is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
+    return torch.where(mask, loss, 0.0)
+
+
+def policy_objective(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    adv: Tensor,
+    spec: ObjectiveSpec,
+    *,
+    old_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+    num_sequences: int | None = None,
+    num_tokens: int | float | None = None,
+) -> ObjectiveTerms:
+    r"""loss = agg(reward head) + β·agg(KL head, decoupled only) - entropy_coef·agg(entropy).
+
+    Args:
+        logp, ref_logp, mask: (B, T); ``logp`` carries gradient.
+        adv: (B, T) advantages: :func:`decoupled_advantages` or :func:`combined_advantages` to match
+            ``spec.form``.
+        old_logp: (B, T) behaviour log-probs, None when on-policy.
+        entropy: (B, T) per-token entropy carrying gradient (needed when ``spec.entropy_coef > 0``).
+        num_sequences, num_tokens: global normalisers for micro-batching (default: this batch's).
+    """
+    mask = mask.bool()
+    agg = dict(mode=spec.aggregation, num_sequences=num_sequences, num_tokens=num_tokens)
+    pg = aggregate(
+        policy_gradient_loss(
+            logp,
+            adv,
+            mask,
+            old_logp=old_logp,
+            clip_eps_low=spec.clip_eps_low,
+            clip_eps_high=spec.clip_eps_high,
+            dual_clip=spec.dual_clip,
+            ratio_level=spec.ratio_level,
+            max_log_ratio=spec.max_log_ratio,
+        ),
+        mask,
+        **agg,
+    )
+    kl = torch.zeros((), dtype=pg.dtype)
+    if spec.form == "decoupled" and spec.head.style != "none" and spec.beta > 0:
+        kl_totals = kl_loss_per_sequence(
+            spec.head,
+            logp,
+            ref_logp,
+            mask,
+            old_logp=old_logp,
+            level=spec.kl_level,
+            clip_eps=spec.kl_clip_eps,
+            ratio_level=spec.kl_ratio_level,
+            is_correction=spec.kl_is_correction,
+            max_log_ratio=spec.max_log_ratio,
+        )  # (B,)
+        kl = aggregate_totals(kl_totals, mask, **agg)
+    ent = torch.zeros((), dtype=pg.dtype)
+    if spec.entropy_coef > 0:
+        if entropy is None:
+            raise ValueError("entropy_coef > 0 needs the per-token entropy tensor")
+        ent = aggregate(entropy, mask, **agg)
+    loss = pg + spec.beta * kl - spec.entropy_coef * ent
+    return ObjectiveTerms(loss=loss, policy_loss=pg.detach(), kl_loss=kl.detach(), entropy=ent.detach())
+
+
+@torch.no_grad()
+def objective_diagnostics(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    adv: Tensor,
+    spec: ObjectiveSpec,
+    *,
+    old_logp: Tensor | None = None,
+) -> dict[str, float]:
+    """Floats for logging (no grad): ratio stats, clip fractions, sequence-KL estimates, log-prob gaps.
+
+    Clip fractions count response tokens whose gradient the clip removed: reward head where A > 0 and
+    ρ > 1+ε_high or A < 0 and ρ < 1-ε_low; KL head (decoupled, off-policy) where C > 0 and ρ < 1-ε or
+    C < 0 and ρ > 1+ε.
+    """
+    mask = mask.bool()
+    n_tok = mask.sum().clamp(min=1)
+    l = torch.where(mask, logp.detach().float(), 0.0)  # (B, T)
+    r = torch.where(mask, ref_logp.detach().float(), 0.0)  # (B, T)
+    out: dict[str, float] = {}
+    seq_l, seq_r = l.sum(-1), r.sum(-1)  # (B,)
+    for kind in ("k1", "k2", "k3"):
+        out[f"kl_{kind}"] = float(kl_estimate(seq_l, seq_r, kind).mean())
+    gap = torch.where(mask, l - r, 0.0)
+    out["logp_gap"] = float(gap.sum() / n_tok)
+    out["logp_gap_abs"] = float(gap.abs().sum() / n_tok)
+    if old_logp is None:
+        out.update(ratio_mean=1.0, ratio_max=1.0, ratio_min=1.0, clip_frac=0.0, kl_clip_frac=0.0)
+        return out
+    o = torch.where(mask, old_logp.detach().float(), 0.0)
+    ratio = importance_ratio(l, o, mask, spec.ratio_level, spec.max_log_ratio)  # (B, T)
+    valid = ratio[mask]
+    out["ratio_mean"], out["ratio_max"], out["ratio_min"] = (
+        float(valid.mean()),
+        float(valid.max()),
+        float(valid.min()),
+    )
+    a = torch.where(mask, adv.float(), 0.0)
+    clipped = ((a > 0) & (ratio > 1 + spec.clip_eps_high)) | ((a < 0) & (ratio < 1 - spec.clip_eps_low))
+    out["clip_frac"] = float((clipped & mask).sum() / n_tok)
+    out["kl_clip_frac"] = 0.0
+    if spec.form == "decoupled" and spec.head.style != "none" and spec.kl_clip_eps is not None:
+        coef = level_coefficients(spec.head, l, r, mask, spec.kl_level)  # (B, T)
+        kl_ratio = importance_ratio(l, o, mask, spec.kl_ratio_level, spec.max_log_ratio)  # (B, T)
+        eps = spec.kl_clip_eps
+        kl_clipped = ((coef > 0) & (kl_ratio < 1 - eps)) | ((coef < 0) & (kl_ratio > 1 + eps))
+        out["kl_clip_frac"] = float((kl_clipped & mask).sum() / n_tok)
+    return out
