@@ -27,7 +27,9 @@ from torch import Tensor
 from klgrad.advantages import PRESETS, shape_rewards
 from klgrad.kl import (
     KL_HEADS,
+    LEVELS,
     MAX_LOG_RATIO,
+    RATIO_LEVELS,
     KLHead,
     Level,
     RatioLevel,
@@ -83,6 +85,9 @@ class ObjectiveSpec:
             (self.kl_head in KL_HEADS, "kl_head", f"must be one of {sorted(KL_HEADS)}"),
             (self.beta >= 0, "beta", "must be >= 0"),
             (self.form in FORMS, "form", f"must be one of {FORMS}"),
+            (self.kl_level in LEVELS, "kl_level", f"must be one of {LEVELS}"),
+            (self.ratio_level in RATIO_LEVELS, "ratio_level", f"must be one of {RATIO_LEVELS}"),
+            (self.kl_ratio_level in RATIO_LEVELS, "kl_ratio_level", f"must be one of {RATIO_LEVELS}"),
             (self.aggregation in AGGREGATIONS, "aggregation", f"must be one of {AGGREGATIONS}"),
             (0 < self.clip_eps_low < 1, "clip_eps_low", "must be in (0, 1)"),
             (self.clip_eps_high > 0, "clip_eps_high", "must be > 0"),
@@ -355,37 +360,42 @@ def objective_diagnostics(
 ) -> dict[str, float]:
     """Floats for logging (no grad): ratio stats, clip fractions, sequence-KL estimates, log-prob gaps.
 
-    Clip fractions count response tokens whose gradient the clip removed: reward head where A > 0 and
-    ρ > 1+ε_high or A < 0 and ρ < 1-ε_low; KL head (decoupled, off-policy) where C > 0 and ρ < 1-ε or
-    C < 0 and ρ > 1+ε.
+    Clip fractions count response tokens whose gradient a clip removed: ``clip_frac`` (reward head) where
+    A > 0 and ρ > 1+ε_high or A < 0 and ρ < 1-ε_low; ``dual_clip_frac`` where A < 0 and ρ > dual_clip;
+    ``kl_clip_frac`` (decoupled KL head, off-policy, corrected, β > 0) where C > 0 and ρ < 1-ε or C < 0 and
+    ρ > 1+ε. Sequence KL estimates use the per-token log-ratio summed (no cancellation), in the input's
+    precision (float32 or better).
     """
     mask = mask.bool()
     n_tok = mask.sum().clamp(min=1)
-    l = torch.where(mask, logp.detach().float(), 0.0)  # (B, T)
-    r = torch.where(mask, ref_logp.detach().float(), 0.0)  # (B, T)
+    f = lambda x: x.detach().float() if x.dtype in (torch.float16, torch.bfloat16) else x.detach()  # noqa: E731
+    l, r = f(logp), f(ref_logp)  # (B, T) float32 or float64, never lowered
+    u = torch.where(mask, l - r, 0.0)  # (B, T) per-token log-ratio first: no cancellation of large sums
+    seq_u = u.sum(-1)  # (B,)
     out: dict[str, float] = {}
-    seq_l, seq_r = l.sum(-1), r.sum(-1)  # (B,)
     for kind in ("k1", "k2", "k3"):
-        out[f"kl_{kind}"] = float(kl_estimate(seq_l, seq_r, kind).mean())
-    gap = torch.where(mask, l - r, 0.0)
-    out["logp_gap"] = float(gap.sum() / n_tok)
-    out["logp_gap_abs"] = float(gap.abs().sum() / n_tok)
+        out[f"kl_{kind}"] = float(kl_estimate(seq_u, torch.zeros_like(seq_u), kind).mean())
+    out["logp_gap"] = float(u.sum() / n_tok)
+    out["logp_gap_abs"] = float(u.abs().sum() / n_tok)
     if old_logp is None:
-        out.update(ratio_mean=1.0, ratio_max=1.0, ratio_min=1.0, clip_frac=0.0, kl_clip_frac=0.0)
+        out.update(
+            ratio_mean=1.0, ratio_max=1.0, ratio_min=1.0, clip_frac=0.0, dual_clip_frac=0.0, kl_clip_frac=0.0
+        )
         return out
-    o = torch.where(mask, old_logp.detach().float(), 0.0)
+    o = f(old_logp)
     ratio = importance_ratio(l, o, mask, spec.ratio_level, spec.max_log_ratio)  # (B, T)
     valid = ratio[mask]
-    out["ratio_mean"], out["ratio_max"], out["ratio_min"] = (
-        float(valid.mean()),
-        float(valid.max()),
-        float(valid.min()),
-    )
-    a = torch.where(mask, adv.float(), 0.0)
+    out["ratio_mean"] = float(valid.mean())
+    out["ratio_max"] = float(valid.max())
+    out["ratio_min"] = float(valid.min())
+    a = torch.where(mask, adv.detach().to(ratio.dtype), 0.0)  # (B, T)
     clipped = ((a > 0) & (ratio > 1 + spec.clip_eps_high)) | ((a < 0) & (ratio < 1 - spec.clip_eps_low))
     out["clip_frac"] = float((clipped & mask).sum() / n_tok)
+    dual = (a < 0) & (ratio > spec.dual_clip) if spec.dual_clip is not None else torch.zeros_like(mask)
+    out["dual_clip_frac"] = float((dual & mask).sum() / n_tok)
     out["kl_clip_frac"] = 0.0
-    if spec.form == "decoupled" and spec.head.style != "none" and spec.kl_clip_eps is not None:
+    kl_active = spec.form == "decoupled" and spec.head.style != "none" and spec.beta > 0
+    if kl_active and spec.kl_is_correction and spec.kl_clip_eps is not None:
         coef = level_coefficients(spec.head, l, r, mask, spec.kl_level)  # (B, T)
         kl_ratio = importance_ratio(l, o, mask, spec.kl_ratio_level, spec.max_log_ratio)  # (B, T)
         eps = spec.kl_clip_eps

@@ -179,6 +179,7 @@ def expected_gradient(
         logits: (S, V) current policy parameters θ.
         sampling_logits: (S, V) the policy the responses are drawn from (θ itself on-policy).
         with_variance: also return tr Cov_q[∇ℓ], the per-sample gradient variance (sum over parameters).
+            Needs ℓ_i to depend on θ only through row i of logp (true for klgrad's per-sequence losses).
 
     Returns:
         (expected gradient (S, V), variance or None).
@@ -191,13 +192,20 @@ def expected_gradient(
     if not with_variance:
         (g,) = torch.autograd.grad((q * losses).sum(), theta, allow_unused=True)
         return (torch.zeros_like(theta) if g is None else g), None
-    n = losses.shape[0]
-    eye = torch.eye(n, dtype=losses.dtype)
-    (per_sample,) = torch.autograd.grad(
-        losses, theta, grad_outputs=eye, is_grads_batched=True, allow_unused=True
-    )  # (N, S, V)
-    if per_sample is None:
+    # Per-sample gradients without a backward per sample: row i of the loss depends on θ only through row i
+    # of logp, and ∂ log softmax(θ_s)[y] / ∂θ_s = e_y - softmax(θ_s), so g_i = Σ_t w_it (e_{y_it} - p_{s_it}).
+    (w,) = torch.autograd.grad(losses.sum(), logp, allow_unused=True)  # (N, T)
+    if w is None:
         return torch.zeros_like(theta), 0.0
-    mean = (q[:, None, None] * per_sample).sum(0)  # (S, V)
-    var = float((q * ((per_sample - mean) ** 2).sum((1, 2))).sum())
-    return mean, var
+    n, t = w.shape
+    v = space.vocab
+    probs = torch.softmax(theta.detach(), -1)  # (S, V)
+    score = torch.nn.functional.one_hot(space.tokens, v).to(w.dtype) - probs[space.state_index]  # (N, T, V)
+    contrib = torch.where(space.mask[..., None], w[..., None] * score, 0.0)  # (N, T, V)
+    flat_index = space.state_index[..., None] * v + torch.arange(v)  # (N, T, V)
+    per_sample = torch.zeros(n, space.num_states * v, dtype=w.dtype).scatter_add_(
+        1, flat_index.reshape(n, -1), contrib.reshape(n, -1)
+    )  # (N, S*V)
+    mean = (q[:, None] * per_sample).sum(0)  # (S*V,)
+    var = float((q * ((per_sample - mean) ** 2).sum(-1)).sum())
+    return mean.view_as(theta), var
