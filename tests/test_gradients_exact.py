@@ -295,13 +295,17 @@ def test_per_sample_variance_matches_a_per_sample_backward_loop():
     ref_lp = token_logps(sp, ref)
 
     def loss(logp, sample_logp):
-        return kl_loss_per_sequence("k3_as_loss", logp, ref_lp, sp.mask, level="token_to_go", old_logp=sample_logp)
+        return kl_loss_per_sequence(
+            "k3_as_loss", logp, ref_lp, sp.mask, level="token_to_go", old_logp=sample_logp
+        )
 
     mean, var = expected_gradient(sp, loss, theta, beh, with_variance=True)
     th = theta.clone().requires_grad_(True)
     per = loss(token_logps(sp, th), token_logps(sp, beh))
     q = sequence_logps(sp, beh).exp()
-    grads = torch.stack([torch.autograd.grad(per[i], th, retain_graph=True)[0] for i in range(sp.num_sequences)])
+    grads = torch.stack(
+        [torch.autograd.grad(per[i], th, retain_graph=True)[0] for i in range(sp.num_sequences)]
+    )
     ref_mean = (q[:, None, None] * grads).sum(0)
     ref_var = float((q * ((grads - ref_mean) ** 2).sum((1, 2))).sum())
     torch.testing.assert_close(mean, ref_mean, rtol=0, atol=1e-13)

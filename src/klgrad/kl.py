@@ -24,9 +24,11 @@ Expected-gradient targets used below (all gradients of divergences are w.r.t. θ
   - ``zero``: no gradient in expectation.
 
 Numerics. Heads compute in float32 or better. The only non-polynomial pieces are exponentials (k3, MSE);
-they use :func:`exp_linear_tail`, which is exact for arguments ≤ ``EXP_CAP`` = 20 and continues linearly
-(value and gradient finite and of the right sign) above it. So every head is exact for |log-ratio| ≤ 20
-and finite for every finite input with |l|, |r| ≤ 1e18 (float32). No clamp ever zeroes a gradient.
+they use :func:`exp_linear_tail` / ``expm1`` forms, exact for arguments ≤ ``EXP_CAP`` = 20 and without
+cancellation near u = 0, continuing linearly (value and gradient finite and of the right sign) above the
+cap. So every head is exact for |log-ratio| ≤ 20 and finite for every input it sees with |l|, |r| ≤ 1e18
+(float32); at ``sequence`` level a head sees the sums Σ_t l_t and Σ_t r_t, so the bound is on the sums.
+No clamp ever zeroes a gradient.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ def exp_linear_tail(x: Tensor, cap: float = EXP_CAP) -> Tensor:
     return torch.where(x <= cap, e, e * (1.0 + (x - cap)))
 
 
+def expm1_linear_tail(x: Tensor, cap: float = EXP_CAP) -> Tensor:
+    """exp_linear_tail(x) - 1 without cancellation near 0 (expm1 below the cap), elementwise."""
+    return torch.where(x <= cap, torch.expm1(x.clamp(max=cap)), exp_linear_tail(x, cap) - 1.0)
+
+
 def _exp_slope(x: Tensor, cap: float = EXP_CAP) -> Tensor:
     """d/dx exp_linear_tail(x) = exp(min(x, cap))."""
     return torch.exp(x.clamp(max=cap))
@@ -101,7 +108,7 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: EstimatorKind) -> Tensor:
     if kind == "k2":
         return 0.5 * u * u
     if kind == "k3":
-        return (exp_linear_tail(-u) - 1.0) + u
+        return expm1_linear_tail(-u) + u
     raise ValueError(f"kind must be one of ('k1', 'k2', 'k3'), got {kind!r}")
 
 
@@ -207,10 +214,10 @@ class K3AsLoss(KLHead):
     targets = {"sequence": "fkl", "token_to_go": "local_fkl", "token": "local_fkl"}  # noqa: RUF012
 
     def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
-        return 1.0 - _exp_slope(ref_logp - logp)
+        return -torch.expm1((ref_logp - logp).clamp(max=EXP_CAP))  # 1 - e^{-u}, no cancellation near u = 0
 
     def _penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
-        return (exp_linear_tail(ref_logp - logp) - 1.0) + (logp - ref_logp)
+        return expm1_linear_tail(ref_logp - logp) + (logp - ref_logp)
 
 
 class K3InReward(K3AsLoss):
@@ -254,7 +261,9 @@ class MSEInReward(KLHead):
     targets = {"sequence": "mse", "token_to_go": None, "token": "local_mse"}  # noqa: RUF012
 
     def _coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
-        return exp_linear_tail(logp) - exp_linear_tail(ref_logp)
+        # e^l - e^r = sign(l - r) · e^{max(l, r)} · (1 - e^{-|l - r|}): exact, no cancellation near l = r
+        d = logp - ref_logp
+        return torch.sign(d) * exp_linear_tail(torch.maximum(logp, ref_logp)) * -torch.expm1(-d.abs())
 
 
 class CustomKLHead(KLHead):

@@ -197,7 +197,7 @@ def expected_gradient(
     (w,) = torch.autograd.grad(losses.sum(), logp, allow_unused=True)  # (N, T)
     if w is None:
         return torch.zeros_like(theta), 0.0
-    n, t = w.shape
+    n = w.shape[0]
     v = space.vocab
     probs = torch.softmax(theta.detach(), -1)  # (S, V)
     score = torch.nn.functional.one_hot(space.tokens, v).to(w.dtype) - probs[space.state_index]  # (N, T, V)

@@ -1,0 +1,5 @@
+import sys
+
+from klgrad.cli import main
+
+sys.exit(main())
