@@ -1,0 +1,480 @@
+"""Typed, nested, validated configuration: YAML files plus dotted overrides (``--kl.head k3_as_loss``).
+
+Every field has a one-line doc (the string under it) and, where it has one, a unit. A wrong key, type or value
+fails at once with :class:`ConfigError` naming the dotted field and, for choices, the allowed values.
+YAML is read with ``yaml.safe_load`` only. :func:`config_reference` renders the schema as Markdown, so the
+documentation is generated from this file and cannot drift.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+
+from klgrad.advantages import SHAPING_METHODS
+from klgrad.kl import KL_HEADS
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message starts with the dotted field name."""
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = None
+    """Local HF model directory (safetensors + config + tokenizer); None = the embedded tiny reference."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Parameter dtype (CPU: float32)."""
+    attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
+    """Attention kernel; auto = eager on CPU (measured 7-8x faster there), sdpa on GPU."""
+
+
+@dataclass
+class DataConfig:
+    task: Literal["addition", "scratchpad", "file"] = "addition"
+    """Synthetic task, or 'file' to read prompts and answers from data.path."""
+    digits: int = 2
+    """Operand digits of the synthetic task."""
+    n_train: int = 4000
+    """Synthetic training prompts."""
+    n_eval: int = 200
+    """Held-out prompts (disjoint from training)."""
+    seed: int = 1234
+    """Seed of the synthetic split (independent of the training seed)."""
+    path: str | None = None
+    """JSONL / parquet / datasets folder when task = file."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt text."""
+    answer_column: str = "answer"
+    """Column holding the ground-truth answer."""
+    skip_bad_rows: bool = False
+    """Skip and count malformed rows instead of failing."""
+
+    def validate(self, at: str) -> None:
+        _check(self.digits >= 1, at, "digits", "must be >= 1")
+        _check(self.n_train >= 1, at, "n_train", "must be >= 1")
+        _check(self.n_eval >= 1, at, "n_eval", "must be >= 1")
+        _check(self.task != "file" or bool(self.path), at, "path", "is required when data.task = file")
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["klgrad", "hf"] = "klgrad"
+    """Sampler: klgrad's KV-cache sampler or transformers generate."""
+    prompts_per_step: int = 32
+    """Prompts drawn per step."""
+    group_size: int = 8
+    """Responses per prompt (G)."""
+    max_new_tokens: int = 8
+    """Response length cap (tokens); longer responses are truncated and flagged."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs for training are taken at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off)."""
+
+    def validate(self, at: str) -> None:
+        _check(self.prompts_per_step >= 1, at, "prompts_per_step", "must be >= 1")
+        _check(self.group_size >= 1, at, "group_size", "must be >= 1")
+        _check(self.max_new_tokens >= 1, at, "max_new_tokens", "must be >= 1")
+        _check(self.temperature > 0, at, "temperature", "must be > 0")
+        _check(0 < self.top_p <= 1, at, "top_p", "must be in (0, 1]")
+
+
+@dataclass
+class RewardFnConfig:
+    name: str = "accuracy"
+    """Built-in reward name (accuracy, format) or 'module:function' (TRL signature)."""
+    weight: float = 1.0
+    """Weight in the summed reward."""
+
+
+@dataclass
+class RewardConfig:
+    functions: list[RewardFnConfig] = field(
+        default_factory=lambda: [RewardFnConfig("accuracy", 1.0), RewardFnConfig("format", 0.1)]
+    )
+    """Reward functions and weights, summed."""
+    failure_value: float = 0.0
+    """Reward given to a sample whose reward function raised, timed out or returned NaN."""
+    timeout_s: float = 5.0
+    """Time limit of one reward-function call (seconds)."""
+
+    def validate(self, at: str) -> None:
+        _check(len(self.functions) >= 1, at, "functions", "needs at least one reward function")
+        _check(self.timeout_s > 0, at, "timeout_s", "must be > 0")
+
+
+@dataclass
+class KLConfig:
+    head: str = "k2_as_loss"
+    """KL head (see klgrad.KL_HEADS)."""
+    beta: float = 0.5
+    """KL weight β (initial value when adaptive)."""
+    level: Literal["sequence", "token_to_go", "token"] = "sequence"
+    """Where the head acts."""
+    form: Literal["combined", "decoupled"] = "decoupled"
+    """combined: coefficient in the reward before shaping; decoupled: separate KL loss."""
+    clip_eps: float | None = 0.2
+    """Off-policy symmetric clip of the decoupled KL head (None: IS only)."""
+    ratio_level: Literal["token", "sequence"] = "sequence"
+    """Off-policy importance ratio of the KL head."""
+    is_correction: bool = True
+    """False reproduces the common bug (no IS on an as-loss KL off-policy); comparisons only."""
+    target_kl: float | None = None
+    """Adaptive β: target sequence KL (nats); None = fixed β."""
+    adapt_rate: float = 0.1
+    """Adaptive β: proportional gain per step (β *= 1 + rate·clip(KL/target - 1, ±0.2)/0.2)."""
+    reset_ref_every: int | None = None
+    """Copy the policy into the reference every N steps (ProRL); None = never."""
+
+    def validate(self, at: str) -> None:
+        _check(self.head in KL_HEADS, at, "head", f"must be one of {sorted(KL_HEADS)}")
+        _check(self.beta >= 0, at, "beta", "must be >= 0")
+        _check(self.clip_eps is None or 0 < self.clip_eps < 1, at, "clip_eps", "must be in (0, 1) or null")
+        _check(self.target_kl is None or self.target_kl > 0, at, "target_kl", "must be > 0 or null")
+        _check(
+            self.reset_ref_every is None or self.reset_ref_every >= 1, at, "reset_ref_every", "must be >= 1"
+        )
+        _check(
+            not (self.form == "combined" and self.level == "token"),
+            at,
+            "level",
+            "'token' is not a return: the combined form needs 'sequence' or 'token_to_go'",
+        )
+
+
+@dataclass
+class AlgoConfig:
+    shaping: str = "grpo"
+    """Reward shaping operator or preset (grpo, dr_grpo, rloo, reinforce_pp, ...)."""
+    std_min: float | None = None
+    """Lower clip of normalising stds (paper: ~0.1 for [0,1] rewards)."""
+    std_max: float | None = None
+    """Upper clip of normalising stds."""
+    clip_eps_low: float = 0.2
+    """Reward head PPO clip ε_low."""
+    clip_eps_high: float = 0.2
+    """Reward head PPO clip ε_high."""
+    dual_clip: float | None = None
+    """Dual-clip constant (> 1) for negative advantages; None = off."""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """Reward head importance ratio level."""
+    aggregation: Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"] = "seq_mean_token_sum"
+    """Loss aggregation."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (paper: 0)."""
+    ppo_epochs: int = 1
+    """Update passes over each rollout batch (1 = fully on-policy)."""
+    mini_batches: int = 1
+    """Optimizer steps per epoch (the rollout batch split into this many mini-batches)."""
+    micro_batch_size: int = 64
+    """Sequences per forward/backward (gradient accumulation); does not change the result."""
+
+    def validate(self, at: str) -> None:
+        _check(self.shaping in SHAPING_METHODS, at, "shaping", f"must be one of {list(SHAPING_METHODS)}")
+        _check(self.std_min is None or self.std_min > 0, at, "std_min", "must be > 0 or null")
+        _check(self.std_max is None or self.std_max > 0, at, "std_max", "must be > 0 or null")
+        _check(0 < self.clip_eps_low < 1, at, "clip_eps_low", "must be in (0, 1)")
+        _check(self.clip_eps_high > 0, at, "clip_eps_high", "must be > 0")
+        _check(self.dual_clip is None or self.dual_clip > 1, at, "dual_clip", "must be > 1 or null")
+        _check(self.entropy_coef >= 0, at, "entropy_coef", "must be >= 0")
+        _check(self.ppo_epochs >= 1, at, "ppo_epochs", "must be >= 1")
+        _check(self.mini_batches >= 1, at, "mini_batches", "must be >= 1")
+        _check(self.micro_batch_size >= 1, at, "micro_batch_size", "must be >= 1")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float | None = 1.0
+    """Global grad-norm clip; None = off."""
+    warmup_steps: int = 0
+    """Linear warm-up steps."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """LR schedule after warm-up."""
+
+    def validate(self, at: str) -> None:
+        _check(self.lr > 0, at, "lr", "must be > 0")
+        _check(self.weight_decay >= 0, at, "weight_decay", "must be >= 0")
+        _check(all(0 <= b < 1 for b in self.betas), at, "betas", "must be in [0, 1)")
+        _check(self.grad_clip is None or self.grad_clip > 0, at, "grad_clip", "must be > 0 or null")
+        _check(self.warmup_steps >= 0, at, "warmup_steps", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 150
+    """RL steps (one rollout batch each)."""
+    seed: int = 0
+    """Training seed (sampling, init of anything random)."""
+    eval_every: int = 25
+    """Held-out evaluation period (steps); 0 = only at the end."""
+    save_every: int = 50
+    """Checkpoint period (steps); the last step is always saved."""
+    out_dir: str = "runs/train"
+    """Run directory (metrics, curves, checkpoints, resolved config)."""
+    tensorboard: bool = True
+    """Also write TensorBoard events."""
+    wandb: bool = False
+    """Also log to Weights & Biases (when installed)."""
+    threads: int | None = None
+    """torch CPU threads; None = torch default."""
+
+    def validate(self, at: str) -> None:
+        _check(self.steps >= 1, at, "steps", "must be >= 1")
+        _check(self.eval_every >= 0, at, "eval_every", "must be >= 0")
+        _check(self.save_every >= 1, at, "save_every", "must be >= 1")
+
+
+@dataclass
+class Config:
+    """The whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Policy / reference model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Task and prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward functions."""
+    kl: KLConfig = field(default_factory=KLConfig)
+    """KL regularisation."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Advantages and the policy loss."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """Optimiser."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Loop, logging and output."""
+
+    def validate(self, at: str = "") -> None:
+        b = self.rollout.prompts_per_step * self.rollout.group_size
+        _check(
+            self.rollout.group_size >= 2
+            or self.algo.shaping in ("none", "batch_baseline", "batch_norm", "reinforce", "reinforce_pp"),
+            "rollout.",
+            "group_size",
+            f"must be >= 2 for group shaping {self.algo.shaping!r}",
+        )
+        _check(
+            b % self.algo.mini_batches == 0,
+            "algo.",
+            "mini_batches",
+            f"must divide the rollout batch prompts_per_step*group_size = {b}",
+        )
+        _check(
+            (b // self.algo.mini_batches) % self.rollout.group_size == 0,
+            "algo.",
+            "mini_batches",
+            "must split the batch into whole groups",
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# machinery: dict -> dataclass with dotted errors, YAML, overrides, reference
+
+
+def _check(ok: bool, at: str, name: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{at}{name} {msg}")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{where} must not be null")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{where} must be one of {list(args)}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where + ".")
+    if origin in (list, tuple):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise ConfigError(f"{where} must have {len(args)} items, got {len(value)}")
+            return tuple(
+                _coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
+            )
+        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{where} must be finite, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp}")
+
+
+def from_dict(cls: type, data: Any, at: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping; unknown keys and bad values raise ConfigError (dotted)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{at.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in data:
+        if key not in names:
+            raise ConfigError(f"{at}{key} is not a config field; allowed here: {names}")
+    kwargs = {k: _coerce(v, hints[k], f"{at}{k}") for k, v in data.items()}
+    obj = cls(**kwargs)
+    if hasattr(obj, "validate"):
+        obj.validate(at)
+    return obj
+
+
+def to_dict(cfg: Any) -> dict:
+    """Plain nested dict (tuples as lists), ready for YAML/JSON."""
+
+    def conv(x: Any) -> Any:
+        if dataclasses.is_dataclass(x):
+            return {f.name: conv(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, list | tuple):
+            return [conv(v) for v in x]
+        return x
+
+    return conv(cfg)
+
+
+def parse_value(text: str) -> Any:
+    """An override's value: YAML scalar/list syntax (``0.5``, ``null``, ``true``, ``[0.9, 0.95]``)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text
+
+
+def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
+    """Set dotted keys (``kl.beta``) in a nested dict; unknown sections fail later in :func:`from_dict`."""
+    out = yaml.safe_load(yaml.safe_dump(data)) if data else {}
+    for dotted, value in overrides.items():
+        parts = dotted.split(".")
+        node = out
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{dotted}: {p} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """YAML file (optional) + dotted overrides -> validated :class:`Config`."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{p}: not valid YAML ({e})") from e
+        if not isinstance(data, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    cfg = from_dict(Config, apply_overrides(data, overrides or {}))
+    cfg.validate()
+    return cfg
+
+
+def parse_override_args(args: list[str]) -> dict[str, Any]:
+    """``["--kl.head", "k3_as_loss", "--kl.beta=0.5"]`` -> ``{"kl.head": "k3_as_loss", "kl.beta": 0.5}``."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("--") or len(a) <= 2:
+            raise ConfigError(f"override {a!r} must look like --section.field VALUE")
+        key, eq, val = a[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"override --{key} needs a value")
+            val, i = args[i + 1], i + 1
+        out[key] = parse_value(val)
+        i += 1
+    return out
+
+
+def config_reference() -> str:
+    """Markdown table of every field: dotted name, type, default, doc. Generated, so it cannot drift."""
+    lines = ["| field | type | default | meaning |", "|---|---|---|---|"]
+
+    def walk(cls: type, prefix: str) -> None:
+        docs = _field_docs(cls)
+        hints = _hints(cls)
+        default_obj = cls()
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{f.name}.")
+                continue
+            tname = str(tp).replace("typing.", "").replace("klgrad.config.", "")
+            default = getattr(default_obj, f.name)
+            default = to_dict(default) if isinstance(default, list) else default
+            lines.append(f"| `{prefix}{f.name}` | `{tname}` | `{default!r}` | {docs.get(f.name, '')} |")
+
+    walk(Config, "")
+    return "\n".join(lines)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The string literal under each field (attribute docstrings)."""
+    src = inspect.getsource(cls)
+    tree = ast.parse(src)
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, nxt in itertools.pairwise(body):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if (
+                isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[node.target.id] = nxt.value.value.strip()
+    return docs

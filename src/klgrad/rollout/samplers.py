@@ -1,0 +1,239 @@
+r"""Rollout samplers behind one small interface: klgrad's KV-cache sampler and transformers ``generate``.
+
+A sampler turns left-padded prompts (P prompts) into P·G responses, groups contiguous (rows
+``[i*G:(i+1)*G]`` answer prompt i), and returns the sampler's own per-token log-probs of what it drew:
+log softmax(logits / temperature) at the drawn token, i.e. the policy being trained at the sampling
+temperature. With ``top_p < 1`` the *behaviour* distribution is the truncated one; the returned log-probs are
+still the untruncated policy's, and an off-policy correction must account for the truncation.
+
+Convention: response token j is predicted by the logits at the previous position (the one shift convention,
+the same as :func:`klgrad.logprobs.sequence_logprobs`). After EOS a response is padded with ``pad_id`` and
+masked out; a response that reaches ``max_new_tokens`` without EOS is marked truncated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """Sampled responses for a batch of prompts, groups contiguous.
+
+    Attributes:
+        prompt_ids: (N, P) left-padded prompt tokens, one row per response (prompt i repeated G times).
+        prompt_mask: (N, P) bool, True on real prompt tokens.
+        response_ids: (N, T) response tokens, ``pad_id`` after EOS.
+        response_mask: (N, T) bool, True on response tokens (EOS included).
+        logp: (N, T) sampler log-probs at the sampling temperature (0 at padding).
+        truncated: (N,) bool, True when the response hit max_new_tokens without EOS.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    response_ids: Tensor
+    response_mask: Tensor
+    logp: Tensor
+    truncated: Tensor
+
+    @property
+    def input_ids(self) -> Tensor:
+        """(N, P + T) prompt and response, for a teacher-forced forward."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """(N, P + T) bool."""
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def lengths(self) -> Tensor:
+        """(N,) response lengths in tokens."""
+        return self.response_mask.sum(-1)
+
+
+class Sampler(Protocol):
+    """What the trainer needs from a rollout engine (a vLLM engine implements the same call)."""
+
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Rollout: ...
+
+
+def _sample(
+    logits: Tensor, temperature: float, top_p: float, greedy: bool, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Draw one token per row from logits (N, V); return (tokens (N,), log-prob at temperature (N,))."""
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
+    if greedy:
+        tok = logprobs.argmax(-1)  # (N,)
+    else:
+        probs = logprobs.exp()  # (N, V)
+        if top_p < 1.0:
+            sorted_p, order = probs.sort(dim=-1, descending=True)  # (N, V)
+            drop = sorted_p.cumsum(-1) - sorted_p > top_p  # (N, V) keep the smallest set with mass >= top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)  # (N, V)
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (N,)
+    return tok, logprobs.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _finish(
+    tokens: list[Tensor],
+    logps: list[Tensor],
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+) -> Rollout:
+    resp = torch.stack(tokens, dim=1)  # (N, T)
+    lp = torch.stack(logps, dim=1)  # (N, T)
+    is_eos = resp == eos_id  # (N, T)
+    after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # (N, T) strictly after the first EOS
+    mask = ~after_eos
+    resp = resp.masked_fill(~mask, pad_id)
+    lp = lp.masked_fill(~mask, 0.0)
+    truncated = (
+        ~is_eos.any(-1) if resp.shape[1] == max_new_tokens else torch.zeros(resp.shape[0], dtype=torch.bool)
+    )
+    return Rollout(prompt_ids, prompt_mask, resp, mask, lp, truncated)
+
+
+class KVCacheSampler:
+    """klgrad's batched sampler: prefill each prompt once, copy its KV cache to the G samples, decode.
+
+    Works with any HF causal LM that accepts ``past_key_values`` and ``position_ids``. Decoding stops when
+    every response has produced EOS or after ``max_new_tokens`` steps.
+    """
+
+    def __init__(self, eos_id: int, pad_id: int) -> None:
+        self.eos_id, self.pad_id = eos_id, pad_id
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        from transformers import DynamicCache
+
+        prompt_mask = prompt_mask.bool()
+        position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)  # (P, L) left padding allowed
+        cache = DynamicCache()
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask.long(),
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        )  # prefill once per prompt
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(group_size)  # (P·G, ...) every sample shares its prompt's prefill
+        last_logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # (N, V)
+        attn = prompt_mask.repeat_interleave(group_size, dim=0).long()  # (N, L)
+        next_pos = position[:, -1:].repeat_interleave(group_size, dim=0) + 1  # (N, 1)
+        n = attn.shape[0]
+        done = torch.zeros(n, dtype=torch.bool)
+        tokens: list[Tensor] = []
+        logps: list[Tensor] = []
+        for step in range(max_new_tokens):
+            tok, lp = _sample(last_logits, temperature, top_p, greedy, generator)  # (N,), (N,)
+            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            tokens.append(tok)
+            logps.append(torch.where(done, torch.zeros_like(lp), lp))
+            done = done | (tok == self.eos_id)
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            attn = torch.cat([attn, torch.ones(n, 1, dtype=attn.dtype)], dim=1)  # (N, L + step + 1)
+            out = model(
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = out.past_key_values
+            last_logits = out.logits[:, -1]  # (N, V)
+            next_pos = next_pos + 1
+        rep_ids = prompt_ids.repeat_interleave(group_size, dim=0)
+        rep_mask = prompt_mask.repeat_interleave(group_size, dim=0)
+        return _finish(tokens, logps, self.eos_id, self.pad_id, max_new_tokens, rep_ids, rep_mask)
+
+
+class HFGenerateSampler:
+    """transformers ``generate`` behind the same interface (prompts repeated G times, logits returned)."""
+
+    def __init__(self, eos_id: int, pad_id: int) -> None:
+        self.eos_id, self.pad_id = eos_id, pad_id
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: torch.nn.Module,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        *,
+        group_size: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        if generator is not None:  # generate draws from the global RNG: seed it from ours
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        ids = prompt_ids.repeat_interleave(group_size, dim=0)
+        mask = prompt_mask.bool().repeat_interleave(group_size, dim=0)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask.long(),
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            temperature=temperature if not greedy else None,
+            top_p=top_p if not greedy else None,
+            top_k=0,
+            eos_token_id=self.eos_id,
+            pad_token_id=self.pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        resp = out.sequences[:, ids.shape[1] :]  # (N, T)
+        tokens = [resp[:, j] for j in range(resp.shape[1])]
+        logps = [
+            torch.log_softmax(lg.float() / temperature, -1).gather(-1, t[:, None]).squeeze(-1)
+            for lg, t in zip(out.logits, tokens, strict=True)
+        ]
+        return _finish(tokens, logps, self.eos_id, self.pad_id, max_new_tokens, ids, mask)
+
+
+SAMPLERS = {"klgrad": KVCacheSampler, "hf": HFGenerateSampler}
+
+
+def make_sampler(engine: str, eos_id: int, pad_id: int) -> Sampler:
+    """``klgrad`` (KV-cache) or ``hf`` (transformers generate)."""
+    if engine not in SAMPLERS:
+        raise ValueError(f"rollout.engine must be one of {sorted(SAMPLERS)}, got {engine!r}")
+    return SAMPLERS[engine](eos_id, pad_id)

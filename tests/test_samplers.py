@@ -1,0 +1,131 @@
+"""Samplers: masks, EOS, truncation, grouping, and log-probs equal to a teacher-forced forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from klgrad.rollout.samplers import HFGenerateSampler, KVCacheSampler, make_sampler
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=12,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        tie_word_embeddings=True,
+    )
+    cfg._attn_implementation = "eager"
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharper distributions: some responses end early, some are truncated
+        m.model.norm.weight.mul_(3.0)
+    return m
+
+
+def prompts():
+    ids = torch.tensor([[PAD, PAD, BOS, 5, 6], [BOS, 7, 8, 9, 4], [PAD, BOS, 3, 3, 11]])
+    return ids, ids != PAD
+
+
+def teacher_forced(model, r, temperature):
+    am = r.attention_mask
+    pos = (am.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=r.input_ids, attention_mask=am.long(), position_ids=pos).logits
+    p, t = r.prompt_ids.shape[1], r.response_ids.shape[1]
+    lp = torch.log_softmax(logits[:, p - 1 : p - 1 + t].float() / temperature, -1)
+    lp = lp.gather(-1, r.response_ids[..., None]).squeeze(-1)
+    return lp.masked_fill(~r.response_mask, 0.0)
+
+
+@pytest.mark.parametrize("engine", ["klgrad", "hf"])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_logprobs_equal_teacher_forced_forward(model, engine, temperature):
+    ids, mask = prompts()
+    s = make_sampler(engine, EOS, PAD)
+    for seed in range(3):
+        r = s.generate(
+            model,
+            ids,
+            mask,
+            group_size=4,
+            max_new_tokens=7,
+            temperature=temperature,
+            generator=torch.Generator().manual_seed(seed),
+        )
+        torch.testing.assert_close(r.logp, teacher_forced(model, r, temperature), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["klgrad", "hf"])
+def test_masks_eos_truncation_and_groups(model, engine):
+    ids, mask = prompts()
+    g = 5
+    r = make_sampler(engine, EOS, PAD).generate(
+        model, ids, mask, group_size=g, max_new_tokens=6, generator=torch.Generator().manual_seed(1)
+    )
+    n = ids.shape[0] * g
+    assert r.response_ids.shape[0] == n
+    assert r.response_ids.shape[1] <= 6
+    for i in range(n):  # groups contiguous: row i answers prompt i // g
+        torch.testing.assert_close(r.prompt_ids[i], ids[i // g])
+        row, m = r.response_ids[i].tolist(), r.response_mask[i].tolist()
+        if EOS in row:
+            k = row.index(EOS)
+            assert m == [True] * (k + 1) + [False] * (len(row) - k - 1)  # EOS counts, after it nothing
+            assert all(t == PAD for t in row[k + 1 :])
+            assert not r.truncated[i]
+        else:
+            assert all(m)
+            assert bool(r.truncated[i]) == (len(row) == 6)
+    assert (r.logp[~r.response_mask] == 0).all()
+    assert r.truncated.any() or (r.response_ids == EOS).any(dim=1).all()
+
+
+def test_greedy_is_deterministic_and_agrees_between_engines(model):
+    ids, mask = prompts()
+    a = KVCacheSampler(EOS, PAD).generate(model, ids, mask, group_size=2, max_new_tokens=6, greedy=True)
+    b = HFGenerateSampler(EOS, PAD).generate(model, ids, mask, group_size=2, max_new_tokens=6, greedy=True)
+    t = min(a.response_ids.shape[1], b.response_ids.shape[1])
+    torch.testing.assert_close(a.response_ids[:, :t], b.response_ids[:, :t])
+    assert torch.equal(a.response_ids[0], a.response_ids[1])  # greedy: the group is identical
+
+
+def test_seeded_sampling_is_reproducible_and_top_p_restricts_support(model):
+    ids, mask = prompts()
+    s = KVCacheSampler(EOS, PAD)
+    a = s.generate(
+        model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3)
+    )
+    b = s.generate(
+        model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3)
+    )
+    assert torch.equal(a.response_ids, b.response_ids)
+    tiny = s.generate(
+        model,
+        ids,
+        mask,
+        group_size=8,
+        max_new_tokens=5,
+        top_p=1e-6,
+        generator=torch.Generator().manual_seed(4),
+    )
+    greedy = s.generate(model, ids, mask, group_size=8, max_new_tokens=5, greedy=True)
+    t = min(tiny.response_ids.shape[1], greedy.response_ids.shape[1])
+    assert torch.equal(tiny.response_ids[:, :t], greedy.response_ids[:, :t])  # top_p -> 0 is greedy
+
+
+def test_unknown_engine():
+    with pytest.raises(ValueError, match=r"rollout\.engine"):
+        make_sampler("vllm2", EOS, PAD)
