@@ -1,4 +1,4 @@
-"""klgrad command line: ``klgrad audit`` (gradient audit) and ``klgrad reproduce`` (paper figures).
+"""klgrad command line: ``train``, ``sft``, ``audit`` (gradient audit) and ``reproduce`` (paper figures).
 
 Every command writes its results as files (JSON, PNG) into ``--out`` and prints a readable summary.
 """
@@ -62,6 +62,62 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from klgrad.config import ConfigError, load_config, parse_override_args
+
+    try:
+        if args.resume:
+            run_dir = Path(args.resume)
+            saved = run_dir / "config.yaml"
+            if not saved.is_file():
+                raise ConfigError(f"--resume {run_dir}: no config.yaml there (not a klgrad run directory)")
+            cfg = load_config(saved, {**parse_override_args(overrides), "train.out_dir": str(run_dir)})
+        else:
+            cfg = load_config(args.config, parse_override_args(overrides))
+    except ValueError as e:
+        print(f"klgrad train: {e}", file=sys.stderr)
+        return 2
+    from klgrad.trainer import train
+
+    try:
+        summary = train(cfg, resume=bool(args.resume))
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"klgrad train: {e}", file=sys.stderr)
+        return 2
+    first, last = summary["eval_first"], summary["eval_last"]
+    console = _console()
+    console.print(
+        f"held-out greedy accuracy {first.get('eval/greedy_accuracy', float('nan')):.3f} (reference) -> "
+        f"{last.get('eval/greedy_accuracy', float('nan')):.3f} after {summary['steps']} steps; "
+        f"KL to reference {last.get('eval/kl_k1', float('nan')):.4f}; "
+        f"{summary['mean_step_time_s']:.2f} s/step"
+    )
+    console.print(f"wrote {cfg.train.out_dir}/metrics.jsonl, curves.png, summary.json, checkpoints/")
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from klgrad.sft import SFTConfig, run_sft
+
+    try:
+        cfg = SFTConfig(
+            task=args.task,
+            target_accuracy=args.target_accuracy,
+            max_steps=args.max_steps,
+            seed=args.seed,
+            max_new_tokens=args.max_new_tokens,
+        )
+        report = run_sft(cfg, Path(args.out))
+    except (ValueError, RuntimeError) as e:
+        print(f"klgrad sft: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"held-out greedy accuracy {report['heldout_greedy_accuracy']:.3f} after {report['steps']} steps "
+        f"({report['seconds']:.0f} s); wrote {args.out}"
+    )
+    return 0
+
+
 REPRODUCE_TARGETS = ("coefficients", "gradient-equivalence")
 
 
@@ -118,6 +174,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.set_defaults(func=cmd_audit)
 
+    t = sub.add_parser(
+        "train",
+        help="RL-train a causal LM (embedded tiny model by default)",
+        description="RL fine-tuning with a klgrad KL head. Any config field can be overridden with a dotted "
+        "flag, e.g. --kl.head k3_as_loss --kl.beta 0.5 --train.steps 50 (fields: docs/configuration.md).",
+    )
+    t.add_argument(
+        "--config", default=None, help="YAML config (e.g. configs/tiny_add.yaml); defaults otherwise"
+    )
+    t.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    t.set_defaults(func=cmd_train, takes_overrides=True)
+
+    s = sub.add_parser("sft", help="fine-tune the tiny model into a reference (stops on held-out accuracy)")
+    s.add_argument("--task", default="addition", choices=("addition", "scratchpad"))
+    s.add_argument("--out", required=True, help="output model directory (safetensors + config + tokenizer)")
+    s.add_argument("--target-accuracy", type=float, default=0.6, help="stop at this held-out greedy accuracy")
+    s.add_argument("--max-steps", type=int, default=3000, help="fail if the target is not reached by then")
+    s.add_argument("--max-new-tokens", type=int, default=8, help="greedy decoding length in evaluation")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_sft)
+
     r = sub.add_parser(
         "reproduce",
         help="reproduce one of the paper's results",
@@ -130,7 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "takes_overrides", False):
+        return int(args.func(args, extra) or 0)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "out", "x") is None:
         args.out = f"runs/reproduce/{args.name}"
     return int(args.func(args) or 0)

@@ -58,6 +58,8 @@ class DataConfig:
     """Column holding the ground-truth answer."""
     skip_bad_rows: bool = False
     """Skip and count malformed rows instead of failing."""
+    response_format: Literal["boxed", "think_answer"] = "boxed"
+    """task = file: the response format the 'format' reward checks (\\boxed{...} or <think>..<answer>)."""
 
     def validate(self, at: str) -> None:
         _check(self.digits >= 1, at, "digits", "must be >= 1")

@@ -1,0 +1,251 @@
+r"""Logits -> per-token log-probabilities and entropies; the one shift convention.
+
+Shift convention (used everywhere in klgrad): for a causal LM run on ``input_ids`` (B, L), the logits at
+position i are the distribution of the token at position i + 1. So the log-prob of token
+``input_ids[:, j]`` is read from ``logits[:, j - 1]``, and the response ``input_ids[:, s:]`` is scored by
+``logits[:, s - 1 : L - 1]``.
+
+Memory. With a large vocabulary the logits dominate: B = 8, T = 1024, V = 151,936 is 5 GB in float32. The
+naive ``log_softmax(logits, -1).gather(...)`` materialises another (B, T, V) tensor (plus a float32 copy of
+bf16 logits). Here each quantity is computed chunk by chunk over the sequence dimension, in float32, as
+``gather(z) - logsumexp(z)`` with z = logits / temperature, so the extra memory is a few float32 (B, c, V)
+chunks of ≤ ``CHUNK_BYTES`` each (the upcast, z - max(z) and its exponential). Backward is chunked too (a
+custom autograd function recomputes the softmax per chunk from the saved logits and log-normaliser), so
+with gradients the only full-size new tensor is the gradient of the logits itself, in the logits' dtype.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import Tensor
+
+CHUNK_BYTES = 256 * 2**20
+"""Target size of one chunk's float32 (B, c, V) working tensor: 256 MiB."""
+
+
+def default_chunk_size(batch: int, vocab: int) -> int:
+    """Positions per chunk so that a float32 (batch, chunk, vocab) tensor stays under ``CHUNK_BYTES``.
+
+    At least 1, so with batch × vocab × 4 bytes > 256 MiB a chunk is one position (B = 512 at V = 151,936).
+    """
+    return max(1, CHUNK_BYTES // (4 * max(1, batch) * max(1, vocab)))
+
+
+def _chunks(length: int, chunk_size: int) -> list[slice]:
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return [slice(s, min(s + chunk_size, length)) for s in range(0, length, chunk_size)]
+
+
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    """z = logits / τ in float32 (float64 stays float64); bf16/fp16 chunks are upcast here, one at a time."""
+    z = logits if logits.dtype == torch.float64 else logits.float()  # no copy for float32
+    return z if temperature == 1.0 else z / temperature
+
+
+def _log_normalise(z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """log softmax(z) = zs - ls with m = max(z) (B, c), zs = z - m (B, c, V), ls = log Σ exp(zs) (B, c).
+
+    The same arithmetic as ``torch.log_softmax``: subtracting logsumexp(z) = max + ls in one step would
+    round at the magnitude of logsumexp(z), a few ulps worse for large logits.
+    """
+    m = z.amax(dim=-1)  # (B, c)
+    zs = z - m[..., None]  # (B, c, V), max 0
+    return zs, m, zs.exp().sum(-1).log()  # (B, c, V), (B, c), (B, c)
+
+
+class _TokenLogprobs(torch.autograd.Function):
+    """logp = gather(z, tok) - logsumexp(z), z = x / τ; dlogp/dx = (onehot(tok) - softmax(z)) / τ."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, chunk_size: int) -> Tensor:
+        B, T, _ = logits.shape
+        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        logp = torch.empty(B, T, dtype=out_dtype, device=logits.device)  # (B, T)
+        lse = torch.empty(B, T, dtype=out_dtype, device=logits.device)  # (B, T)
+        for sl in _chunks(T, chunk_size):
+            z = _scaled(logits[:, sl], temperature)  # (B, c, V)
+            zs, m, ls = _log_normalise(z)  # (B, c, V), (B, c), (B, c)
+            logp[:, sl] = zs.gather(-1, tokens[:, sl, None]).squeeze(-1) - ls  # (B, c)
+            lse[:, sl] = m + ls  # (B, c) logsumexp(z)
+        ctx.save_for_backward(logits, tokens, lse)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return logp
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp: Tensor) -> tuple[Tensor | None, None, None, None]:
+        logits, tokens, lse = ctx.saved_tensors
+        tau = ctx.temperature
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # (B, T, V)
+        for sl in _chunks(logits.shape[1], ctx.chunk_size):
+            g = grad_logp[:, sl, None].to(lse.dtype)  # (B, c, 1)
+            p = torch.exp(_scaled(logits[:, sl], tau) - lse[:, sl, None])  # (B, c, V) softmax(z)
+            gz = (-g * p).scatter_add_(-1, tokens[:, sl, None], g)  # (B, c, V) g·(onehot - p)
+            grad[:, sl] = gz / tau if tau != 1.0 else gz
+        return grad, None, None, None
+
+
+class _TokenEntropy(torch.autograd.Function):
+    """H = -Σ q·log q with log q = z - logsumexp(z), z = x / τ; dH/dx = -q·(log q + H) / τ."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, temperature: float, chunk_size: int) -> Tensor:
+        B, T, _ = logits.shape
+        out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        ent = torch.empty(B, T, dtype=out_dtype, device=logits.device)  # (B, T)
+        lse = torch.empty(B, T, dtype=out_dtype, device=logits.device)  # (B, T)
+        for sl in _chunks(T, chunk_size):
+            z = _scaled(logits[:, sl], temperature)  # (B, c, V)
+            zs, m, ls = _log_normalise(z)  # (B, c, V), (B, c), (B, c)
+            logq = zs.sub_(ls[..., None])  # (B, c, V) log softmax(z), in place of zs
+            lse[:, sl] = m + ls  # (B, c) logsumexp(z)
+            ent[:, sl] = -logq.exp().mul_(logq).sum(-1)  # (B, c)
+        ctx.save_for_backward(logits, lse, ent)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return ent
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_ent: Tensor) -> tuple[Tensor | None, None, None]:
+        logits, lse, ent = ctx.saved_tensors
+        tau = ctx.temperature
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)  # (B, T, V)
+        for sl in _chunks(logits.shape[1], ctx.chunk_size):
+            logq = _scaled(logits[:, sl], tau) - lse[:, sl, None]  # (B, c, V)
+            gz = -grad_ent[:, sl, None].to(lse.dtype) * logq.exp() * (logq + ent[:, sl, None])  # (B, c, V)
+            grad[:, sl] = gz / tau if tau != 1.0 else gz
+        return grad, None, None
+
+
+def _check_logits(logits: Tensor, temperature: float) -> None:
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def token_logprobs(
+    logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> Tensor:
+    r"""Log-probability of each token: log softmax(logits / τ)[tokens], shapes (B, T, V), (B, T) -> (B, T).
+
+    Computed as ``gather(z, tokens) - logsumexp(z)`` with z = logits / τ, chunk by chunk over T in float32
+    (bf16/fp16 logits are upcast one chunk at a time; float64 stays float64). Equal to the naive
+    ``torch.log_softmax(logits / τ, -1).gather(-1, tokens[..., None])[..., 0]`` up to rounding.
+
+    Gradient: ∂logp_t/∂logits_{t,v} = (1[v = tokens_t] - softmax(z_t)_v) / τ, also computed per chunk.
+    ``chunk_size``: positions per chunk; default :func:`default_chunk_size` (≤ 256 MiB per chunk).
+    The result is float32 (float64 for float64 logits); no gradient flows to ``tokens``.
+    """
+    _check_logits(logits, temperature)
+    if tokens.shape != logits.shape[:2]:
+        raise ValueError(f"tokens shape {tuple(tokens.shape)} != logits (B, T) {tuple(logits.shape[:2])}")
+    chunk = chunk_size or default_chunk_size(logits.shape[0], logits.shape[2])
+    return _TokenLogprobs.apply(logits, tokens.long(), float(temperature), chunk)
+
+
+def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
+    r"""Entropy of softmax(logits / τ) at each position, (B, T, V) -> (B, T), in nats.
+
+    H = logsumexp(z) - Σ_v q_v z_v with z = logits / τ, q = softmax(z); evaluated as -Σ_v q_v log q_v with
+    log q = z - logsumexp(z) (every term ≥ 0, so no cancellation between two large numbers), chunked over T
+    in float32 like :func:`token_logprobs`. Gradient: ∂H/∂logits_v = -q_v (log q_v + H) / τ.
+    """
+    _check_logits(logits, temperature)
+    chunk = chunk_size or default_chunk_size(logits.shape[0], logits.shape[2])
+    return _TokenEntropy.apply(logits, float(temperature), chunk)
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions counted over real tokens only: cumsum(mask) - 1, clamped at 0, (B, L) -> (B, L).
+
+    With left padding ``[pad, pad, a, b]`` this gives ``[0, 0, 0, 1]``, so a row's real tokens get the same
+    positions as when the row is run alone; padded positions get 0 (their outputs are never used).
+    """
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, L)
+
+
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    try:
+        return "logits_to_keep" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def sequence_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_start: int,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    micro_batch_size: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    r"""Log-probs (and optionally entropies) of the response tokens under a HF causal LM.
+
+    One forward pass over prompt + response: ``input_ids`` (B, L) holds left-padded prompts in
+    ``[:, :response_start]`` and responses in ``[:, response_start:]`` (right padding after EOS is fine; mask
+    it downstream). By the shift convention the log-prob of ``input_ids[:, j]`` is read from the logits at
+    position j - 1:
+
+        logp[b, t] = log softmax(logits[b, response_start - 1 + t] / τ)[input_ids[b, response_start + t]]
+
+    for t in 0..T_resp-1, T_resp = L - response_start. ``position_ids`` = cumsum(attention_mask) - 1
+    (clamped at 0), so left padding does not shift positions: a padded row scores what the same row scores
+    alone (up to float rounding; tested at 1e-5). Only the logits of positions ≥ response_start - 1 are
+    computed when the model's ``forward`` takes ``logits_to_keep`` (current HF causal LMs do).
+
+    Gradients flow when called with grad enabled (policy); call under ``torch.no_grad()`` for a reference
+    model. ``micro_batch_size`` splits the rows into forward passes of that many rows (results identical);
+    under no_grad that bounds activation memory; with grad every micro-batch's graph is kept until backward.
+
+    Returns:
+        ``(logp, entropy)``: (B, T_resp) float32 each; ``entropy`` is None unless ``with_entropy``.
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids and attention_mask must both be (B, L), got {tuple(input_ids.shape)} and "
+            f"{tuple(attention_mask.shape)}"
+        )
+    B, L = input_ids.shape
+    if not 1 <= response_start < L:
+        raise ValueError(f"response_start must be in [1, L - 1] = [1, {L - 1}], got {response_start}")
+    mb = micro_batch_size or B
+    if mb < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if mb < B:
+        parts = [
+            sequence_logprobs(
+                model,
+                input_ids[i : i + mb],
+                attention_mask[i : i + mb],
+                response_start,
+                temperature,
+                with_entropy=with_entropy,
+            )
+            for i in range(0, B, mb)
+        ]
+        logp = torch.cat([p[0] for p in parts])  # (B, T_resp)
+        entropy = torch.cat([p[1] for p in parts]) if with_entropy else None  # (B, T_resp)
+        return logp, entropy
+
+    n_resp = L - response_start
+    kwargs = {}
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = n_resp + 1  # positions response_start - 1 .. L - 1
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        **kwargs,
+    )
+    logits = out.logits[:, -(n_resp + 1) : -1]  # (B, T_resp, V): position j - 1 predicts token j
+    targets = input_ids[:, response_start:]  # (B, T_resp)
+    logp = token_logprobs(logits, targets, temperature)  # (B, T_resp)
+    entropy = token_entropy(logits, temperature) if with_entropy else None  # (B, T_resp)
+    return logp, entropy

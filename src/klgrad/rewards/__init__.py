@@ -1,0 +1,36 @@
+"""Rewards: plain ``str -> float`` functions, no torch.
+
+- :func:`math_verify_reward` — Math-Verify equality with the gold answer, bounded in time and size;
+- :func:`regex_format_reward`, :data:`FORMAT_PATTERNS` — format checks per task;
+- :func:`load_reward_fn`, :class:`RewardSpec`, :func:`compute_rewards` — TRL-signature reward functions
+  by name or ``module:function``, evaluated with failures isolated and counted.
+"""
+
+from klgrad.rewards.accuracy import math_verify_reward
+from klgrad.rewards.format import FORMAT_PATTERNS, format_pattern, make_format_reward, regex_format_reward
+from klgrad.rewards.registry import (
+    BUILTIN_REWARDS,
+    RewardFn,
+    RewardResult,
+    RewardSpec,
+    accuracy_reward,
+    compute_rewards,
+    format_reward,
+    load_reward_fn,
+)
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "FORMAT_PATTERNS",
+    "RewardFn",
+    "RewardResult",
+    "RewardSpec",
+    "accuracy_reward",
+    "compute_rewards",
+    "format_pattern",
+    "format_reward",
+    "load_reward_fn",
+    "make_format_reward",
+    "math_verify_reward",
+    "regex_format_reward",
+]

@@ -1,0 +1,674 @@
+"""The RL loop, top to bottom: rollout -> rewards -> reference log-probs -> advantages -> updates -> log.
+
+Algorithm per step (SPEC §6-§10):
+  1. draw ``prompts_per_step`` prompts (seeded by (seed, step), so a resumed run draws the same ones);
+  2. sample G responses each with the current policy (KV-cache sampler; prompt prefilled once per group);
+  3. rewards from the configured functions (failures isolated and counted);
+  4. reference log-probs (no grad); behaviour log-probs only when the update is off-policy
+     (ppo_epochs > 1 or mini_batches > 1), from the trainer's own forward pass;
+  5. advantages: decoupled A = shape(R), or combined A = shape(R - β·C) recomputed from the current policy
+     at every epoch (the KL coefficient must use the current detached log-probs);
+  6. ``ppo_epochs`` × ``mini_batches`` AdamW steps, each accumulating micro-batches whose normalisers are the
+     mini-batch's (computed before splitting, so micro-batch size never changes the result);
+  7. log every SPEC §9 metric (JSONL, TensorBoard), evaluate every ``eval_every`` steps, checkpoint
+     atomically.
+Deviations from the paper: none in the default config (paper: one on-policy update per batch).
+Record convention: ``step`` = optimizer updates done; the record with step 0 holds the reference's evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_model, save_model
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from klgrad.advantages import shape_rewards
+from klgrad.config import Config, to_dict
+from klgrad.data.example import Example, examples_to_columns
+from klgrad.data.loaders import load_examples
+from klgrad.data.tasks import make_splits
+from klgrad.kl import get_kl_head
+from klgrad.logprobs import sequence_logprobs
+from klgrad.models import load_model_and_tokenizer
+from klgrad.objective import (
+    ObjectiveSpec,
+    combined_advantages,
+    decoupled_advantages,
+    objective_diagnostics,
+    policy_objective,
+)
+from klgrad.rewards import RewardSpec, compute_rewards
+from klgrad.rollout.encoding import decode_responses, encode_prompts
+from klgrad.rollout.samplers import make_sampler
+
+EMBEDDED_DIR = Path(__file__).parent / "assets"
+"""Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_scratchpad``), made by ``klgrad sft``."""
+
+
+def objective_spec(cfg: Config) -> ObjectiveSpec:
+    """The loss, from the config."""
+    return ObjectiveSpec(
+        kl_head=cfg.kl.head,
+        beta=cfg.kl.beta,
+        kl_level=cfg.kl.level,
+        form=cfg.kl.form,
+        clip_eps_low=cfg.algo.clip_eps_low,
+        clip_eps_high=cfg.algo.clip_eps_high,
+        dual_clip=cfg.algo.dual_clip,
+        ratio_level=cfg.algo.ratio_level,
+        kl_clip_eps=cfg.kl.clip_eps,
+        kl_ratio_level=cfg.kl.ratio_level,
+        kl_is_correction=cfg.kl.is_correction,
+        aggregation=cfg.algo.aggregation,
+        entropy_coef=cfg.algo.entropy_coef,
+    )
+
+
+def adaptive_beta(beta: float, kl: float, target: float, rate: float) -> float:
+    """Proportional controller (Ziegler et al.): β ← β·(1 + rate·clip(KL/target - 1, -0.2, 0.2)/0.2)."""
+    err = max(-0.2, min(0.2, kl / target - 1.0))
+    return beta * (1.0 + rate * err / 0.2)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Linear warm-up then constant / cosine / linear decay to 0."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return 1.0 - progress
+    return 1.0
+
+
+@dataclass
+class Batch:
+    """One step's rollout with everything the update needs; (N, T) response-aligned tensors."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    response_start: int
+    mask: Tensor
+    rewards: Tensor
+    ref_logp: Tensor
+    old_logp: Tensor | None
+
+
+def update(
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    cfg: Config,
+    spec: ObjectiveSpec,
+    logprob_fn,
+) -> dict[str, float]:
+    """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns mean metrics.
+
+    ``logprob_fn(model, input_ids, attention_mask, response_start, with_entropy)`` -> (logp, entropy).
+    """
+    n = batch.mask.shape[0]
+    g = cfg.rollout.group_size
+    mb_size = n // cfg.algo.mini_batches
+    head = get_kl_head(cfg.kl.head)
+    sums: dict[str, float] = {}
+    count = 0
+    for _epoch in range(cfg.algo.ppo_epochs):
+        if spec.form == "combined":
+            with torch.no_grad():
+                cur, _ = logprob_fn(
+                    policy, batch.input_ids, batch.attention_mask, batch.response_start, False
+                )
+            adv_all = combined_advantages(
+                batch.rewards,
+                head,
+                cur,
+                batch.ref_logp,
+                batch.mask,
+                beta=spec.beta,
+                level=cfg.kl.level,
+                group_size=g,
+                method=cfg.algo.shaping,
+                std_min=cfg.algo.std_min,
+                std_max=cfg.algo.std_max,
+            )  # (N, T) recomputed every epoch from the current policy
+        else:
+            adv_all = decoupled_advantages(
+                batch.rewards, batch.mask, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max
+            )  # (N, T)
+        for start in range(0, n, mb_size):
+            rows = slice(start, start + mb_size)
+            mask = batch.mask[rows]
+            n_seq, n_tok = mask.shape[0], int(mask.sum())
+            optimizer.zero_grad(set_to_none=True)
+            for ms in range(0, n_seq, cfg.algo.micro_batch_size):
+                r = slice(start + ms, start + min(ms + cfg.algo.micro_batch_size, n_seq))
+                logp, ent = logprob_fn(
+                    policy, batch.input_ids[r], batch.attention_mask[r], batch.response_start, True
+                )
+                terms = policy_objective(
+                    logp,
+                    batch.ref_logp[r],
+                    batch.mask[r],
+                    adv_all[r],
+                    spec,
+                    old_logp=None if batch.old_logp is None else batch.old_logp[r],
+                    entropy=ent,
+                    num_sequences=n_seq,
+                    num_tokens=n_tok,
+                )
+                terms.loss.backward()
+                m = batch.mask[r]
+                ent_mean = float(torch.where(m, ent.detach(), 0.0).sum()) / max(n_tok, 1)
+                for k, v in (
+                    ("policy_loss", terms.policy_loss),
+                    ("kl_loss", terms.kl_loss),
+                    ("entropy", ent_mean),
+                ):
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                diag = objective_diagnostics(
+                    logp,
+                    batch.ref_logp[r],
+                    batch.mask[r],
+                    adv_all[r],
+                    spec,
+                    old_logp=None if batch.old_logp is None else batch.old_logp[r],
+                )
+                for k in ("clip_frac", "kl_clip_frac", "ratio_mean", "ratio_max"):
+                    sums[k] = sums.get(k, 0.0) + diag[k] * (r.stop - r.start) / n_seq
+            params = [p for p in policy.parameters() if p.grad is not None]
+            total = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(total)
+            optimizer.step()
+            count += 1
+    return {k: v / count for k, v in sums.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# prompts, log-probs, rewards
+
+
+def make_logprob_fn(temperature: float):
+    def fn(model, input_ids, attention_mask, response_start, with_entropy):
+        return sequence_logprobs(
+            model, input_ids, attention_mask, response_start, temperature, with_entropy=with_entropy
+        )
+
+    return fn
+
+
+def reward_specs(cfg: Config) -> list[RewardSpec]:
+    """Built-in names (accuracy, format) or ``module:function`` (TRL signature), weighted."""
+    return [RewardSpec.load(f.name, f.weight) for f in cfg.reward.functions]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# evaluation
+
+
+@torch.no_grad()
+def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs, sampler, seed: int) -> dict:
+    """Greedy accuracy, sampled reward and sequence KL to the reference on held-out prompts."""
+    prompts = [e.prompt for e in examples]
+    ids, mask = encode_prompts(tokenizer, prompts)
+    columns = examples_to_columns(examples)
+    out: dict[str, float] = {}
+    greedy = sampler.generate(
+        policy, ids, mask, group_size=1, max_new_tokens=cfg.rollout.max_new_tokens, greedy=True
+    )
+    acc = compute_rewards(
+        [s for s in specs if s.name == "accuracy"] or specs[:1],
+        prompts,
+        decode_responses(tokenizer, greedy),
+        columns,
+    )
+    out["eval/greedy_accuracy"] = sum(acc.total) / len(acc.total)
+    gen = torch.Generator().manual_seed(seed)
+    sampled = sampler.generate(
+        policy,
+        ids,
+        mask,
+        group_size=1,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        generator=gen,
+    )
+    res = compute_rewards(specs, prompts, decode_responses(tokenizer, sampled), columns)
+    out["eval/sampled_reward"] = sum(res.total) / len(res.total)
+    if "accuracy" in res.per_function:
+        out["eval/sampled_accuracy"] = sum(res.per_function["accuracy"]) / len(prompts)
+    ref_lp, _ = sequence_logprobs(
+        ref, sampled.input_ids, sampled.attention_mask, ids.shape[1], cfg.rollout.temperature
+    )
+    u = torch.where(sampled.response_mask, sampled.logp - ref_lp, 0.0).sum(-1)  # (N,) sequence log-ratio
+    out["eval/kl_k1"] = float(u.mean())
+    out["eval/kl_k3"] = float((torch.expm1(-u) + u).mean())
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checkpoints (atomic: temporary folder + rename; "latest" pointer replaced atomically)
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, policy, ref, optimizer, scheduler, beta: float, cfg: Config, save_ref: bool
+) -> Path:
+    ckpt_root = run_dir / "checkpoints"
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"step_{step:06d}"
+    tmp = ckpt_root / f".tmp_step_{step:06d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_model(policy, str(tmp / "policy.safetensors"))
+    if save_ref:
+        save_model(ref, str(tmp / "ref.safetensors"))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    (tmp / "state.json").write_text(
+        json.dumps({"step": step, "beta": beta, "config": to_dict(cfg)}, indent=1)
+    )
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    pointer = ckpt_root / "latest.tmp"
+    pointer.write_text(final.name)
+    pointer.replace(ckpt_root / "latest")
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    pointer = run_dir / "checkpoints" / "latest"
+    if not pointer.is_file():
+        return None
+    path = run_dir / "checkpoints" / pointer.read_text().strip()
+    return path if (path / "state.json").is_file() else None
+
+
+def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int, float]:
+    load_model(policy, str(path / "policy.safetensors"))
+    if (path / "ref.safetensors").is_file():
+        load_model(ref, str(path / "ref.safetensors"))
+    state = torch.load(path / "optim.pt", weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    meta = json.loads((path / "state.json").read_text())
+    return int(meta["step"]), float(meta["beta"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output
+
+
+def write_jsonl(path: Path, record: dict) -> None:
+    """Append one JSON line and flush it (a killed run loses at most the line being written)."""
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, allow_nan=False) + "\n")
+        f.flush()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a torn last line from a killed run
+    return out
+
+
+def git_revision() -> str | None:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+CURVES = (
+    ("reward/mean", "reward"),
+    ("reward/accuracy", "accuracy"),
+    ("loss/kl", "KL loss"),
+    ("kl/logp_gap", "log-prob diff  mean(l - r)"),
+    ("response/length", "response length"),
+    ("entropy", "entropy"),
+    ("reward/std_in_group", "reward std within groups"),
+    ("loss/policy", "policy loss"),
+    ("kl/k1", "sequence KL (k1)"),
+)
+
+
+def plot_curves(records: list[dict], path: Path, title: str) -> None:
+    """The paper's panels (reward, accuracy, KL loss, log-prob diff, length, entropy, reward std, policy
+    loss, sequence KL) against the step, with held-out greedy accuracy on the accuracy panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 3, figsize=(13, 9.5))
+    steps = [r["step"] for r in records if "reward/mean" in r]
+    for ax, (key, label) in zip(axes.flat, CURVES, strict=True):
+        ys = [r[key] for r in records if "reward/mean" in r]
+        ax.plot(steps, ys, color="#1f5f8b", lw=1.2, label="train batch")
+        if key == "reward/accuracy":
+            ev = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
+            if ev:
+                ax.plot(*zip(*ev, strict=True), "o-", color="#c0392b", ms=4, label="held-out greedy")
+            ax.legend(fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the loop
+
+
+def reference_path(cfg: Config) -> Path:
+    """The model to start from: ``model.path`` or the embedded reference of the synthetic task."""
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    task = cfg.data.task if cfg.data.task != "file" else "addition"
+    return EMBEDDED_DIR / f"tiny_{task}"
+
+
+def load_data(cfg: Config) -> tuple[list[Example], list[Example]]:
+    if cfg.data.task == "file":
+        res = load_examples(
+            cfg.data.path,
+            prompt_column=cfg.data.prompt_column,
+            answer_column=cfg.data.answer_column,
+            skip_bad_rows=cfg.data.skip_bad_rows,
+        )
+        examples = [
+            dataclasses.replace(e, meta={**e.meta, "task": cfg.data.response_format}) for e in res.examples
+        ]  # the format reward reads its pattern from the task column
+        n_eval = min(cfg.data.n_eval, max(1, len(examples) // 5))
+        return examples[n_eval:] or examples, examples[:n_eval]
+    train, heldout = make_splits(
+        cfg.data.task, cfg.data.n_train, cfg.data.n_eval, cfg.data.seed, cfg.data.digits
+    )
+    return train, heldout
+
+
+def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_after: int | None = None) -> dict:
+    """Run (or resume) RL training as configured; returns the summary dict (also written to summary.json).
+
+    ``stop_after`` ends the process-level run after that many steps of this call (tests use it to simulate an
+    interruption; the run directory is then resumable).
+    """
+    run_dir = Path(cfg.train.out_dir)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    train_set, eval_set = load_data(cfg)  # fails before anything is written
+    specs = reward_specs(cfg)
+    model_dir = reference_path(cfg)
+    policy, tokenizer = load_model_and_tokenizer(
+        model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg)
+    )
+    ref, _ = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg))
+    ref.eval().requires_grad_(False)
+    policy.train()
+    sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+    )
+    updates_per_step = cfg.algo.ppo_epochs * cfg.algo.mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda k: lr_factor(
+            k // updates_per_step, cfg.train.steps, cfg.optim.warmup_steps, cfg.optim.schedule
+        ),
+    )
+    beta, start = cfg.kl.beta, 0
+    metrics_path = run_dir / "metrics.jsonl"
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None:
+            start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)
+        kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop steps after the checkpoint
+        run_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    else:
+        if metrics_path.exists():
+            raise FileExistsError(f"{run_dir} already holds a run; use --resume or another train.out_dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (run_dir / "run.json").write_text(
+        json.dumps(
+            {
+                "git_revision": git_revision(),
+                "model": str(model_dir),
+                "klgrad": __import__("klgrad").__version__,
+            },
+            indent=1,
+        )
+    )
+    writer = _tensorboard(run_dir) if cfg.train.tensorboard else None
+    logprob_fn = make_logprob_fn(cfg.rollout.temperature)
+    off_policy = updates_per_step > 1
+    g = cfg.rollout.group_size
+    bar = tqdm(
+        range(start, cfg.train.steps),
+        initial=start,
+        total=cfg.train.steps,
+        disable=not progress,
+        desc="klgrad train",
+        dynamic_ncols=True,
+    )
+    done_here = 0
+    if start == 0:  # the reference's own held-out evaluation, before any update
+        policy.eval()
+        write_jsonl(
+            metrics_path,
+            {
+                "step": 0,
+                **evaluate(policy, ref, tokenizer, eval_set, cfg, specs, sampler, seed=cfg.train.seed),
+            },
+        )
+        policy.train()
+    for step in bar:
+        t0 = time.perf_counter()
+        gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
+        idx = torch.randint(len(train_set), (cfg.rollout.prompts_per_step,), generator=gen).tolist()
+        examples = [train_set[i] for i in idx]
+        # 1-2. rollout: G responses per prompt, groups contiguous
+        prompt_ids, prompt_mask = encode_prompts(tokenizer, [e.prompt for e in examples])
+        policy.eval()
+        rollout = sampler.generate(
+            policy,
+            prompt_ids,
+            prompt_mask,
+            group_size=g,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            generator=gen,
+        )
+        policy.train()
+        t_rollout = time.perf_counter()
+        # 3. rewards
+        rep = [e for e in examples for _ in range(g)]
+        completions = decode_responses(tokenizer, rollout)
+        rres = compute_rewards(
+            specs,
+            [e.prompt for e in rep],
+            completions,
+            examples_to_columns(rep),
+            failure_value=cfg.reward.failure_value,
+            timeout_s=cfg.reward.timeout_s,
+        )
+        rewards = torch.tensor(rres.total, dtype=torch.float32)  # (N,)
+        t_reward = time.perf_counter()
+        # 4. reference (and behaviour, when off-policy) log-probs
+        p_len = prompt_ids.shape[1]
+        with torch.no_grad():
+            ref_logp, _ = logprob_fn(ref, rollout.input_ids, rollout.attention_mask, p_len, False)
+            old_logp = None
+            if off_policy:
+                old_logp, _ = logprob_fn(policy, rollout.input_ids, rollout.attention_mask, p_len, False)
+        t_ref = time.perf_counter()
+        batch = Batch(
+            rollout.input_ids,
+            rollout.attention_mask,
+            p_len,
+            rollout.response_mask,
+            rewards,
+            ref_logp,
+            old_logp,
+        )
+        # 5-6. advantages and updates
+        spec = dataclasses.replace(objective_spec(cfg), beta=beta)
+        upd = update(policy, optimizer, batch, cfg, spec, logprob_fn)
+        for _ in range(updates_per_step):
+            scheduler.step()
+        t_update = time.perf_counter()
+        # 7. metrics (SPEC §9): KL estimates from the sampler's log-probs of the pre-update policy
+        diag = objective_diagnostics(
+            rollout.logp, ref_logp, rollout.response_mask, torch.zeros_like(ref_logp), spec
+        )
+        _, shaping_stats = shape_rewards(
+            rewards, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max, return_stats=True
+        )
+        n_tok = int(rollout.response_mask.sum())
+        rec = {
+            "step": step + 1,
+            "reward/mean": float(rewards.mean()),
+            "reward/std_in_group": float(rewards.view(-1, g).std(-1).mean()) if g > 1 else 0.0,
+            "reward/zero_std_groups": shaping_stats.zero_std_groups,
+            **{f"reward/{name}": sum(v) / len(v) for name, v in rres.per_function.items()},
+            "reward/failures": sum(rres.failures.values()),
+            "kl/k1": diag["kl_k1"],
+            "kl/k2": diag["kl_k2"],
+            "kl/k3": diag["kl_k3"],
+            "kl/logp_gap": diag["logp_gap"],
+            "kl/logp_gap_abs": diag["logp_gap_abs"],
+            "response/length": float(rollout.lengths.float().mean()),
+            "response/truncated": float(rollout.truncated.float().mean()),
+            "entropy": upd.get("entropy", float("nan")),
+            "loss/policy": upd["policy_loss"],
+            "loss/kl": upd["kl_loss"],
+            "clip/frac": upd["clip_frac"],
+            "clip/kl_frac": upd["kl_clip_frac"],
+            "ratio/mean": upd["ratio_mean"],
+            "ratio/max": upd["ratio_max"],
+            "grad_norm": upd["grad_norm"],
+            "beta": beta,
+            "lr": scheduler.get_last_lr()[0],
+            "time/rollout": t_rollout - t0,
+            "time/reward": t_reward - t_rollout,
+            "time/ref": t_ref - t_reward,
+            "time/update": t_update - t_ref,
+            "time/step": time.perf_counter() - t0,
+            "tokens_per_s": n_tok / max(time.perf_counter() - t0, 1e-9),
+        }
+        if cfg.kl.target_kl is not None:
+            beta = adaptive_beta(beta, rec["kl/k1"], cfg.kl.target_kl, cfg.kl.adapt_rate)
+        if cfg.kl.reset_ref_every and (step + 1) % cfg.kl.reset_ref_every == 0:
+            ref.load_state_dict(policy.state_dict())
+        last = step + 1 == cfg.train.steps
+        if (cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0) or last:
+            policy.eval()
+            rec.update(evaluate(policy, ref, tokenizer, eval_set, cfg, specs, sampler, seed=cfg.train.seed))
+            policy.train()
+        rec = {k: (v if isinstance(v, int) or math.isfinite(v) else None) for k, v in rec.items()}
+        write_jsonl(metrics_path, rec)
+        if writer is not None:
+            for k, v in rec.items():
+                if k != "step" and v is not None and not k.startswith("time/"):
+                    writer.add_scalar(k, v, step)
+        bar.set_postfix(
+            reward=f"{rec['reward/mean']:.3f}",
+            kl=f"{rec['kl/k1']:.3f}",
+            acc=f"{rec.get('eval/greedy_accuracy', float('nan')):.2f}",
+        )
+        if (step + 1) % cfg.train.save_every == 0 or last:
+            save_checkpoint(
+                run_dir,
+                step + 1,
+                policy,
+                ref,
+                optimizer,
+                scheduler,
+                beta,
+                cfg,
+                save_ref=cfg.kl.reset_ref_every is not None,
+            )
+        done_here += 1
+        if stop_after is not None and done_here >= stop_after:
+            break
+    bar.close()
+    if writer is not None:
+        writer.close()
+    records = read_jsonl(metrics_path)
+    summary = summarize(records)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if records:
+        plot_curves(
+            records,
+            run_dir / "curves.png",
+            f"klgrad train — {cfg.data.task}, head {cfg.kl.head} ({cfg.kl.level}, {cfg.kl.form}), "
+            f"β={cfg.kl.beta}, seed {cfg.train.seed}",
+        )
+    return summary
+
+
+def summarize(records: list[dict]) -> dict:
+    """First and last held-out evaluation and the mean of the last 10 steps' batch metrics."""
+    evals = [r for r in records if "eval/greedy_accuracy" in r]
+    tail = [r for r in records if "reward/mean" in r][-10:]
+    keys = [k for k in (tail[0] if tail else {}) if not k.startswith(("eval/", "time/")) and k != "step"]
+    return {
+        "steps": records[-1]["step"] if records else 0,
+        "eval_first": {k: v for k, v in evals[0].items() if k.startswith("eval/") or k == "step"}
+        if evals
+        else {},
+        "eval_last": {k: v for k, v in evals[-1].items() if k.startswith("eval/") or k == "step"}
+        if evals
+        else {},
+        "last10_mean": {
+            k: sum(r[k] for r in tail if r.get(k) is not None)
+            / max(1, sum(r.get(k) is not None for r in tail))
+            for k in keys
+        },
+        "mean_step_time_s": (
+            sum(r["time/step"] for r in records if "time/step" in r)
+            / max(1, sum("time/step" in r for r in records))
+        ),
+    }
+
+
+def _attn(cfg: Config) -> str | None:
+    return None if cfg.model.attn_implementation == "auto" else cfg.model.attn_implementation
+
+
+def _tensorboard(run_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard not installed: JSONL only
+        return None
+    return SummaryWriter(str(run_dir / "tb"))

@@ -1,0 +1,389 @@
+"""Tests for klgrad.data: synthetic tasks (disjoint seeded splits, targets, answer extraction) and loaders
+(every format round trip, every kind of bad row, the shipped GSM8K-style sample).
+
+Answers are checked against ``int(a) + int(b)`` recomputed from the prompt text, and scratchpad targets are
+re-executed column by column by an independent reader below, so a wrong sum or a wrong carry fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from klgrad.data import (
+    HOLDOUT_FRACTION,
+    TASKS,
+    DataError,
+    Example,
+    examples_to_columns,
+    extract_answer,
+    is_heldout,
+    load_examples,
+    make_splits,
+    sft_target,
+)
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "gsm8k_sample.jsonl"
+
+
+def operands(prompt: str) -> tuple[str, str]:
+    m = re.fullmatch(r"(\d+)\+(\d+)=", prompt)
+    assert m is not None, prompt
+    return m.group(1), m.group(2)
+
+
+def run_scratchpad(target: str, a: str, b: str) -> int:
+    """Independent reader of the scratchpad format: checks every column and returns the written answer."""
+    *cols, final = target.split(";")
+    assert final.startswith("=")
+    assert len(cols) == len(a)
+    carry, digits = 0, []
+    for col, x, y in zip(cols, reversed(a), reversed(b), strict=True):
+        lhs, rhs = col.split("=")
+        s, k = rhs.split("c")
+        assert lhs == f"{x}+{y}" + ("+1" if carry else "")
+        assert int(s) == int(x) + int(y) + carry
+        assert int(k) == int(s) // 10
+        digits.append(int(s) % 10)
+        carry = int(k)
+    rebuilt = int(str(carry) + "".join(str(d) for d in reversed(digits)))
+    assert int(final[1:]) == rebuilt
+    return int(final[1:])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Synthetic tasks
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_worked_examples():
+    ex = Example("47+85=", "132", "x")
+    assert sft_target("scratchpad", ex) == "7+5=12c1;4+8+1=13c1;=132"
+    assert sft_target("addition", ex) == "132"
+    ex = Example("07+58=", "65", "y")
+    assert sft_target("scratchpad", ex) == "7+8=15c1;0+5+1=6c0;=65"
+    assert sft_target("scratchpad", Example("00+00=", "0", "z")) == "0+0=0c0;0+0=0c0;=0"  # 18 chars, shortest
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_splits_are_deterministic_per_seed(task):
+    a = make_splits(task, 300, 100, seed=7)
+    assert a == make_splits(task, 300, 100, seed=7)
+    b = make_splits(task, 300, 100, seed=8)
+    assert [e.prompt for e in a[0]] != [e.prompt for e in b[0]]
+    assert [e.prompt for e in a[1]] != [e.prompt for e in b[1]]
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3])
+def test_splits_are_disjoint_across_seeds_and_orders(digits):
+    n_train, n_eval = {1: (60, 15), 2: (2000, 400), 3: (2000, 400)}[digits]
+    train_pairs, eval_pairs = set(), set()
+    for seed in range(4):
+        train, held = make_splits("addition", n_train, n_eval, seed=seed, digits=digits)
+        assert len(train) == n_train
+        assert len(held) == n_eval
+        assert len({e.id for e in train}) == n_train
+        assert len({e.id for e in held}) == n_eval
+        train_pairs |= {frozenset(map(int, operands(e.prompt))) for e in train}
+        eval_pairs |= {frozenset(map(int, operands(e.prompt))) for e in held}
+    # Unordered pairs: not even the commuted problem b+a of a held-out a+b is trained on, for any seed.
+    assert not train_pairs & eval_pairs
+
+
+def test_heldout_predicate_is_symmetric_and_has_the_documented_share():
+    pairs = [(a, b) for a in range(100) for b in range(a, 100)]
+    assert all(is_heldout(a, b) == is_heldout(b, a) for a, b in pairs)
+    share = sum(is_heldout(a, b) for a, b in pairs) / len(pairs)
+    assert abs(share - HOLDOUT_FRACTION) < 0.03  # 5050 pairs: 3 sd of a binomial share is ~0.017
+    train, held = make_splits("addition", 500, 200, seed=0)
+    assert not any(is_heldout(*map(int, operands(e.prompt))) for e in train)
+    assert all(is_heldout(*map(int, operands(e.prompt))) for e in held)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("digits", [1, 2, 3])
+def test_prompts_answers_targets(task, digits):
+    n_train, n_eval = (50, 10) if digits == 1 else (300, 60)
+    train, held = make_splits(task, n_train, n_eval, seed=1, digits=digits)
+    for e in train + held:
+        a, b = operands(e.prompt)
+        assert len(a) == len(b) == digits  # zero-padded
+        assert e.answer == str(int(a) + int(b))
+        assert e.meta == {"task": task}
+        target = sft_target(task, e)
+        assert extract_answer(task, target) == e.answer
+        assert re.fullmatch(TASKS[task].format_pattern, target)
+        if task == "scratchpad":
+            assert run_scratchpad(target, a, b) == int(a) + int(b)
+        else:
+            assert target == e.answer
+
+
+def test_every_two_digit_pair():
+    for a in range(100):
+        for b in range(100):
+            e = Example(f"{a:02d}+{b:02d}=", str(a + b), "i")
+            target = sft_target("scratchpad", e)
+            assert len(target) >= 16
+            assert extract_answer("scratchpad", target) == e.answer
+            assert extract_answer("addition", sft_target("addition", e)) == e.answer
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(
+        lambda d: st.tuples(st.just(d), st.integers(0, 10**d - 1), st.integers(0, 10**d - 1))
+    )
+)
+def test_scratchpad_property(args):
+    digits, a, b = args
+    x, y = f"{a:0{digits}d}", f"{b:0{digits}d}"
+    target = sft_target("scratchpad", Example(f"{x}+{y}=", str(a + b), "i"))
+    assert run_scratchpad(target, x, y) == a + b
+    assert extract_answer("scratchpad", target) == str(a + b)
+
+
+@pytest.mark.parametrize(
+    ("task", "completion", "expected"),
+    [
+        ("addition", "81", "81"),
+        ("addition", " 81\n", "81"),
+        ("addition", "81x", None),
+        ("addition", "8 1", None),
+        ("addition", "", None),
+        ("addition", "-81", None),
+        ("scratchpad", "7+5=12c1;4+8+1=13c1;=132", "132"),
+        ("scratchpad", "7+5=12c1;4+8+1=13c1;=132 ", "132"),
+        ("scratchpad", "7+5=12c1;4+8+1=13c1", None),  # truncated: no final answer
+        ("scratchpad", "7+5=12c1;=", None),
+        ("scratchpad", "132", None),
+        ("scratchpad", "", None),
+    ],
+)
+def test_extract_answer_table(task, completion, expected):
+    assert extract_answer(task, completion) == expected
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown task 'subtraction'"):
+        make_splits("subtraction", 1, 1, 0)
+    with pytest.raises(ValueError, match=r"only \d+ exist at digits=1"):
+        make_splits("addition", 10, 500, 0, digits=1)
+    with pytest.raises(ValueError, match="not a synthetic addition prompt"):
+        sft_target("scratchpad", Example("What is 2+2?", "4", "q"))
+
+
+def test_examples_to_columns():
+    train, _ = make_splits("addition", 3, 1, seed=0)
+    columns = examples_to_columns(train)
+    assert columns == {
+        "answer": [e.answer for e in train],
+        "id": [e.id for e in train],
+        "task": ["addition"] * 3,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loaders
+# ---------------------------------------------------------------------------------------------------------
+
+ROWS = [
+    {"prompt": "1+1=", "answer": "2", "level": 1},
+    {"prompt": "2+3=", "answer": 5, "level": 2},  # int answer -> "5"
+    {"prompt": "a half?", "answer": 0.5, "level": 3},  # float answer -> "0.5"
+]
+EXPECTED = [("1+1=", "2"), ("2+3=", "5"), ("a half?", "0.5")]
+
+
+def write_jsonl(path: Path, lines: list) -> Path:
+    path.write_text(
+        "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines), encoding="utf-8"
+    )
+    return path
+
+
+def check_loaded(result, n_skipped=0):
+    assert [(e.prompt, e.answer) for e in result.examples] == EXPECTED
+    assert [e.meta for e in result.examples] == [{"level": 1}, {"level": 2}, {"level": 3}]
+    assert result.skipped == n_skipped
+    assert len({e.id for e in result.examples}) == 3
+
+
+def test_jsonl_round_trip(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    result = load_examples(path)
+    check_loaded(result)
+    assert result.source == f"jsonl:{path.resolve()}"
+    assert [e.id for e in result.examples] == ["train-1", "train-2", "train-3"]
+
+
+def test_parquet_round_trip(tmp_path):
+    path = tmp_path / "train.parquet"
+    pd.DataFrame(
+        {"prompt": [r["prompt"] for r in ROWS], "answer": ["2", "5", "0.5"], "level": [1, 2, 3]}
+    ).to_parquet(path)
+    check_loaded(load_examples(path))
+
+
+def test_parquet_integer_column_with_a_null(tmp_path):
+    # pandas stores an int column holding a null as float64: 81.0 must come back as "81"; the null is a bad
+    # row.
+    path = tmp_path / "nums.parquet"
+    pd.DataFrame({"prompt": ["p1", "p2", "p3"], "answer": [81, None, 7]}).to_parquet(path)
+    with pytest.raises(
+        DataError, match=r"nums\.parquet: row 2: column 'answer': expected a string or a number"
+    ):
+        load_examples(path)
+    result = load_examples(path, skip_bad_rows=True)
+    assert [e.answer for e in result.examples] == ["81", "7"]
+    assert result.skipped == 1
+
+
+def test_corrupt_parquet(tmp_path):
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(DataError, match=r"broken\.parquet: cannot read as parquet"):
+        load_examples(path)
+
+
+def test_datasets_folder_round_trip(tmp_path):
+    from datasets import Dataset, DatasetDict
+
+    folder = tmp_path / "saved"
+    Dataset.from_list([{**r, "answer": str(r["answer"])} for r in ROWS]).save_to_disk(str(folder))
+    result = load_examples(folder)
+    check_loaded(result)
+    assert result.source.startswith("datasets:")
+    bad = tmp_path / "bad_saved"
+    Dataset.from_list([{"prompt": "p", "answer": "1"}, {"prompt": " ", "answer": "2"}]).save_to_disk(str(bad))
+    with pytest.raises(DataError, match=r"bad_saved: row 2: column 'prompt': empty string"):
+        load_examples(bad)
+    dd = tmp_path / "dd"
+    DatasetDict({"train": Dataset.from_list(ROWS[:1])}).save_to_disk(str(dd))
+    with pytest.raises(DataError, match=r"DatasetDict with splits \['train'\]"):
+        load_examples(dd)
+
+
+def test_json_and_csv(tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(ROWS), encoding="utf-8")
+    check_loaded(load_examples(path))
+    csv = tmp_path / "rows.csv"
+    csv.write_text("prompt,answer,level\n1+1=,2,1\n2+3=,5,2\na half?,0.5,3\n", encoding="utf-8")
+    check_loaded(load_examples(csv))
+    missing = tmp_path / "missing.csv"
+    missing.write_text("prompt,answer\np1,1\np2,\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"missing\.csv: row 2: column 'answer'"):
+        load_examples(missing)
+
+
+def test_custom_columns_and_ids(tmp_path):
+    path = write_jsonl(
+        tmp_path / "custom.jsonl",
+        [
+            {"question": "q1", "final": 3, "uid": "a", "prompt": "shadowed", "source": "x"},
+            {"question": "q2", "final": "4", "uid": 17, "source": "y"},
+        ],
+    )
+    result = load_examples(path, prompt_column="question", answer_column="final", id_column="uid")
+    assert [(e.prompt, e.answer, e.id) for e in result.examples] == [("q1", "3", "a"), ("q2", "4", "17")]
+    # a source column named like a reserved column never enters meta (it would clash with the real one)
+    assert [e.meta for e in result.examples] == [{"source": "x"}, {"source": "y"}]
+
+
+BAD_LINES = [
+    ('{"answer": "1"}', "'prompt'", "missing column"),
+    ('{"prompt": "p"}', "'answer'", "missing column"),
+    ('{"prompt": "", "answer": "1"}', "'prompt'", "empty string"),
+    ('{"prompt": "p", "answer": "   "}', "'answer'", "empty string"),
+    ('{"prompt": 12, "answer": "1"}', "'prompt'", "expected a string, got int"),
+    ('{"prompt": "p", "answer": null}', "'answer'", "got NoneType"),
+    ('{"prompt": "p", "answer": [1, 2]}', "'answer'", "got list"),
+    ('{"prompt": "p", "answer": {"v": 1}}', "'answer'", "got dict"),
+    ('{"prompt": "p", "answer": true}', "'answer'", "got bool"),
+    ('{"prompt": "p", "answer": NaN}', "'answer'", "non-finite"),
+    ('{"prompt": "p", "answer": "1"', None, "invalid JSON"),
+    ('["p", "1"]', None, "expected a JSON object, got list"),
+]
+
+
+@pytest.mark.parametrize(("line", "column", "reason"), BAD_LINES)
+def test_bad_rows_raise_naming_file_row_column(tmp_path, line, column, reason):
+    good = {"prompt": "p", "answer": "1"}
+    path = write_jsonl(tmp_path / "bad.jsonl", [good, good, line, good])
+    where = r"bad\.jsonl: row 3: " + (rf"column {column}: " if column else "")
+    with pytest.raises(DataError, match=where + ".*" + re.escape(reason)):
+        load_examples(path)
+    result = load_examples(path, skip_bad_rows=True)
+    assert result.skipped == 1
+    assert [e.id for e in result.examples] == ["bad-1", "bad-2", "bad-4"]
+
+
+def test_blank_lines_count_in_line_numbers(tmp_path):
+    path = write_jsonl(tmp_path / "gaps.jsonl", [{"prompt": "p", "answer": "1"}, "", "  ", '{"prompt": "p"}'])
+    with pytest.raises(DataError, match=r"gaps\.jsonl: row 4: column 'answer'"):
+        load_examples(path)
+
+
+def test_non_utf8_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"prompt": "p", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n')
+    with pytest.raises(DataError, match=r"latin1\.jsonl: row 2: not valid UTF-8"):
+        load_examples(path)
+    result = load_examples(path, skip_bad_rows=True)
+    assert (len(result.examples), result.skipped) == (1, 1)
+
+
+def test_missing_file_empty_file_and_no_valid_rows(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.jsonl"):
+        load_examples(tmp_path / "nowhere.jsonl")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no valid rows \(0 skipped\)"):
+        load_examples(empty)
+    all_bad = write_jsonl(tmp_path / "all_bad.jsonl", ['{"prompt": "p"}', "not json"])
+    with pytest.raises(DataError, match=r"all_bad\.jsonl: no valid rows \(2 skipped\)"):
+        load_examples(all_bad, skip_bad_rows=True)
+    other = tmp_path / "rows.txt"
+    other.write_text("x")
+    with pytest.raises(DataError, match=r"rows\.txt: unsupported file type '\.txt'"):
+        load_examples(other)
+
+
+def test_duplicate_ids_name_both_rows(tmp_path):
+    path = write_jsonl(
+        tmp_path / "dups.jsonl",
+        [{"prompt": "p", "answer": "1", "id": i} for i in ("a", "b", "a")],
+    )
+    with pytest.raises(DataError, match=r"dups\.jsonl: rows 1 and 3: duplicate id 'a'"):
+        load_examples(path, id_column="id")
+    with pytest.raises(DataError, match="rows 1 and 3"):  # not a skippable row problem
+        load_examples(path, id_column="id", skip_bad_rows=True)
+    assert len(load_examples(path).examples) == 3  # without id_column, ids are row numbers
+
+
+def test_max_rows(tmp_path):
+    path = write_jsonl(
+        tmp_path / "many.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)] + ["bad"]
+    )
+    result = load_examples(path, max_rows=4)
+    assert [e.answer for e in result.examples] == ["0", "1", "2", "3"]
+    with pytest.raises(ValueError, match="max_rows"):
+        load_examples(path, max_rows=0)
+
+
+def test_shipped_gsm8k_sample():
+    result = load_examples(SAMPLE, prompt_column="question")
+    assert result.skipped == 0
+    assert len(result.examples) >= 20
+    for e in result.examples:
+        assert e.prompt.endswith("?")
+        float(e.answer)  # every answer is a plain number
+    with pytest.raises(DataError, match=r"gsm8k_sample\.jsonl: row 1: column 'prompt': missing column"):
+        load_examples(SAMPLE)
