@@ -124,3 +124,10 @@ def test_reference_lists_every_field_with_its_doc():
     for dotted in ("kl.head", "kl.beta", "rollout.group_size", "algo.shaping", "optim.lr", "train.out_dir"):
         assert f"`{dotted}`" in ref
     assert "KL weight β" in ref
+
+
+def test_docs_configuration_reference_is_up_to_date():
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert config_reference() in doc, "docs/configuration.md is stale: run `python -m klgrad.config`"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,11 @@ def test_cli_train_and_bad_override(tmp_path, capsys):
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 1
+
+
+def test_wandb_requested_but_missing_is_a_clear_error_before_writing(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
+    cfg = small(tmp_path, **{"train.wandb": True})
+    with pytest.raises(ValueError, match=r"train\.wandb"):
+        train(cfg, progress=False)
+    assert not Path(cfg.train.out_dir).exists()

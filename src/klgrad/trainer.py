@@ -275,7 +275,14 @@ def save_checkpoint(
     save_model(policy, str(tmp / "policy.safetensors"))
     if save_ref:
         save_model(ref, str(tmp / "ref.safetensors"))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+    torch.save(
+        {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+        },
+        tmp / "optim.pt",
+    )
     (tmp / "state.json").write_text(
         json.dumps({"step": step, "beta": beta, "config": to_dict(cfg)}, indent=1)
     )
@@ -303,6 +310,7 @@ def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int,
     state = torch.load(path / "optim.pt", weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"])  # per-step sampling uses its own (seed, step) generator
     meta = json.loads((path / "state.json").read_text())
     return int(meta["step"]), float(meta["beta"])
 
@@ -425,6 +433,8 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     train_set, eval_set = load_data(cfg)  # fails before anything is written
+    if cfg.train.wandb:
+        _require_wandb()
     specs = reward_specs(cfg)
     model_dir = reference_path(cfg)
     policy, tokenizer = load_model_and_tokenizer(
@@ -469,6 +479,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         )
     )
     writer = _tensorboard(run_dir) if cfg.train.tensorboard else None
+    wandb_run = _wandb(cfg, run_dir) if cfg.train.wandb else None
     logprob_fn = make_logprob_fn(cfg.rollout.temperature)
     off_policy = updates_per_step > 1
     g = cfg.rollout.group_size
@@ -600,7 +611,9 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         if writer is not None:
             for k, v in rec.items():
                 if k != "step" and v is not None and not k.startswith("time/"):
-                    writer.add_scalar(k, v, step)
+                    writer.add_scalar(k, v, step + 1)
+        if wandb_run is not None:
+            wandb_run.log({k: v for k, v in rec.items() if v is not None}, step=step + 1)
         bar.set_postfix(
             reward=f"{rec['reward/mean']:.3f}",
             kl=f"{rec['kl/k1']:.3f}",
@@ -624,6 +637,8 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     bar.close()
     if writer is not None:
         writer.close()
+    if wandb_run is not None:
+        wandb_run.finish()
     records = read_jsonl(metrics_path)
     summary = summarize(records)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
@@ -664,6 +679,22 @@ def summarize(records: list[dict]) -> dict:
 
 def _attn(cfg: Config) -> str | None:
     return None if cfg.model.attn_implementation == "auto" else cfg.model.attn_implementation
+
+
+def _require_wandb():
+    try:
+        import wandb
+    except ImportError as e:
+        raise ValueError(
+            "train.wandb is true but the wandb package is not installed (pip install wandb)"
+        ) from e
+    return wandb
+
+
+def _wandb(cfg: Config, run_dir: Path):
+    """A W&B run when ``train.wandb`` is set (offline mode is wandb's own WANDB_MODE setting)."""
+    wandb = _require_wandb()
+    return wandb.init(project="klgrad", dir=str(run_dir), config=to_dict(cfg), name=run_dir.name)
 
 
 def _tensorboard(run_dir: Path):
