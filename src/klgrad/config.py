@@ -457,7 +457,7 @@ def config_reference() -> str:
                 walk(tp, f"{prefix}{f.name}.")
                 continue
             tname = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
-            tname = tname.replace("klgrad.config.", "").replace("|", "\\|")
+            tname = tname.replace("klgrad.config.", "").replace("__main__.", "").replace("|", "\\|")
             default = getattr(default_obj, f.name)
             default = to_dict(default) if isinstance(default, list) else default
             lines.append(f"| `{prefix}{f.name}` | `{tname}` | `{default!r}` | {docs.get(f.name, '')} |")
