@@ -27,9 +27,7 @@ def t64(xs: list[float]) -> torch.Tensor:
 
 def valid_methods(G: int, B: int) -> list[str]:
     return [
-        m
-        for m in SHAPING_METHODS
-        if not (G == 1 and m in GROUP_METHODS) and not (B == 1 and m in BATCH_NORM_METHODS)
+        m for m in SHAPING_METHODS if not (G == 1 and m in GROUP_METHODS) and not (B == 1 and m in BATCH_NORM_METHODS)
     ]
 
 
@@ -211,9 +209,7 @@ def random_case(rng: random.Random) -> tuple[list[float], int]:
         elif kind == "normal":
             groups.append([rng.gauss(0.5, 2.0) for _ in range(G)])
         else:
-            groups.append(
-                [rng.uniform(-3, 3)] * G if rng.random() < 0.3 else [rng.gauss(0, 1) for _ in range(G)]
-            )
+            groups.append([rng.uniform(-3, 3)] * G if rng.random() < 0.3 else [rng.gauss(0, 1) for _ in range(G)])
     return [v for g in groups for v in g], G
 
 
@@ -246,9 +242,7 @@ WIDE = st.one_of(
 
 
 @st.composite
-def grouped(
-    draw: st.DrawFn, elements: st.SearchStrategy[float] = DYADIC, min_g: int = 2
-) -> list[list[float]]:
+def grouped(draw: st.DrawFn, elements: st.SearchStrategy[float] = DYADIC, min_g: int = 2) -> list[list[float]]:
     """A list of groups of equal size G >= min_g; about a quarter of them constant."""
     G = draw(st.integers(min_g, 6))
     groups = []
@@ -307,9 +301,7 @@ def test_normalisation_affine_invariant(groups: list[list[float]], a: float, b: 
     exponent=st.integers(-300, 147),
     method=st.sampled_from(["grpo", "batch_norm", "reinforce_pp_baseline"]),
 )
-def test_normalisation_scale_invariant_at_extremes(
-    groups: list[list[float]], exponent: int, method: str
-) -> None:
+def test_normalisation_scale_invariant_at_extremes(groups: list[list[float]], exponent: int, method: str) -> None:
     # |r| ~ 1e-300: squared deviations underflow to 0; |r| ~ 1e150: still finite. Neither may matter.
     G = len(groups[0])
     r = flat(groups)
@@ -343,9 +335,7 @@ def test_group_sums_to_zero(groups: list[list[float]], method: str) -> None:
     std_min=st.sampled_from([None, 1e-3, 1.0]),
     std_max=st.sampled_from([None, 1e-3, 1e3]),
 )
-def test_outputs_finite(
-    groups: list[list[float]], method: str, std_min: float | None, std_max: float | None
-) -> None:
+def test_outputs_finite(groups: list[list[float]], method: str, std_min: float | None, std_max: float | None) -> None:
     G = len(groups[0])
     r = flat(groups)
     if method not in valid_methods(G, r.numel()) or (std_min and std_max and std_min > std_max):
@@ -360,9 +350,7 @@ def test_outputs_finite(
     method=st.sampled_from(SHAPING_METHODS),
     std_min=st.sampled_from([None, 0.5]),
 )
-def test_constant_groups_zero_and_counted(
-    groups: list[list[float]], method: str, std_min: float | None
-) -> None:
+def test_constant_groups_zero_and_counted(groups: list[list[float]], method: str, std_min: float | None) -> None:
     G = len(groups[0])
     adv, stats = shape_rewards(flat(groups), G, method, std_min, return_stats=True)
     const = [max(g) == min(g) for g in groups]

@@ -87,9 +87,7 @@ def test_cli_rejects_bad_config_with_named_field(tmp_path, capsys):
 
 
 def test_python_dash_m_and_help():
-    out = subprocess.run(
-        [sys.executable, "-m", "klgrad", "--help"], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-m", "klgrad", "--help"], capture_output=True, text=True, check=True)
     assert "audit" in out.stdout
     for cmd in ("audit", "reproduce"):
         out = subprocess.run(

@@ -27,9 +27,7 @@ def test_defaults_are_valid_and_round_trip_through_dict():
 def test_yaml_plus_overrides(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("kl:\n  head: k3_as_loss\n  beta: 0.1\noptim:\n  betas: [0.9, 0.95]\n")
-    cfg = load_config(
-        p, parse_override_args(["--kl.beta", "0.5", "--rollout.group_size=4", "--kl.clip_eps", "null"])
-    )
+    cfg = load_config(p, parse_override_args(["--kl.beta", "0.5", "--rollout.group_size=4", "--kl.clip_eps", "null"]))
     assert cfg.kl.head == "k3_as_loss"
     assert cfg.kl.beta == 0.5
     assert cfg.rollout.group_size == 4

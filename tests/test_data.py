@@ -136,11 +136,7 @@ def test_every_two_digit_pair():
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.integers(1, 6).flatmap(
-        lambda d: st.tuples(st.just(d), st.integers(0, 10**d - 1), st.integers(0, 10**d - 1))
-    )
-)
+@given(st.integers(1, 6).flatmap(lambda d: st.tuples(st.just(d), st.integers(0, 10**d - 1), st.integers(0, 10**d - 1))))
 def test_scratchpad_property(args):
     digits, a, b = args
     x, y = f"{a:0{digits}d}", f"{b:0{digits}d}"
@@ -202,9 +198,7 @@ EXPECTED = [("1+1=", "2"), ("2+3=", "5"), ("a half?", "0.5")]
 
 
 def write_jsonl(path: Path, lines: list) -> Path:
-    path.write_text(
-        "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines), encoding="utf-8"
-    )
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines), encoding="utf-8")
     return path
 
 
@@ -225,9 +219,9 @@ def test_jsonl_round_trip(tmp_path):
 
 def test_parquet_round_trip(tmp_path):
     path = tmp_path / "train.parquet"
-    pd.DataFrame(
-        {"prompt": [r["prompt"] for r in ROWS], "answer": ["2", "5", "0.5"], "level": [1, 2, 3]}
-    ).to_parquet(path)
+    pd.DataFrame({"prompt": [r["prompt"] for r in ROWS], "answer": ["2", "5", "0.5"], "level": [1, 2, 3]}).to_parquet(
+        path
+    )
     check_loaded(load_examples(path))
 
 
@@ -236,9 +230,7 @@ def test_parquet_integer_column_with_a_null(tmp_path):
     # row.
     path = tmp_path / "nums.parquet"
     pd.DataFrame({"prompt": ["p1", "p2", "p3"], "answer": [81, None, 7]}).to_parquet(path)
-    with pytest.raises(
-        DataError, match=r"nums\.parquet: row 2: column 'answer': expected a string or a number"
-    ):
+    with pytest.raises(DataError, match=r"nums\.parquet: row 2: column 'answer': expected a string or a number"):
         load_examples(path)
     result = load_examples(path, skip_bad_rows=True)
     assert [e.answer for e in result.examples] == ["81", "7"]
@@ -369,9 +361,7 @@ def test_duplicate_ids_name_both_rows(tmp_path):
 
 
 def test_max_rows(tmp_path):
-    path = write_jsonl(
-        tmp_path / "many.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)] + ["bad"]
-    )
+    path = write_jsonl(tmp_path / "many.jsonl", [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)] + ["bad"])
     result = load_examples(path, max_rows=4)
     assert [e.answer for e in result.examples] == ["0", "1", "2", "3"]
     with pytest.raises(ValueError, match="max_rows"):

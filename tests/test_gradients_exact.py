@@ -64,9 +64,7 @@ def test_enumeration_is_a_distribution(vocab, length, eos):
     sp, theta, _, _ = problem(vocab, length, eos, 0)
     p = sequence_logps(sp, theta).exp()
     assert p.sum().item() == pytest.approx(1.0, abs=1e-12)
-    n_expected = (
-        sum((vocab - 1) ** k for k in range(length)) + (vocab - 1) ** length if eos else vocab**length
-    )
+    n_expected = sum((vocab - 1) ** k for k in range(length)) + (vocab - 1) ** length if eos else vocab**length
     assert sp.num_sequences == n_expected
     # the exact reverse KL is a KL: non-negative, zero at the reference
     _, _, ref, _ = problem(vocab, length, eos, 1)
@@ -242,15 +240,11 @@ def test_as_loss_without_is_is_biased_off_policy(head, level):
 def test_token_level_is_is_biased_for_token_to_go_but_exact_for_a_single_token():
     sp, theta, ref, beh = problem(3, 3, True, 2)
     on = expected(sp, "k1_in_reward", theta, ref, theta, level="token_to_go")
-    tok = expected(
-        sp, "k1_in_reward", theta, ref, beh, level="token_to_go", old_logp=True, ratio_level="token"
-    )
+    tok = expected(sp, "k1_in_reward", theta, ref, beh, level="token_to_go", old_logp=True, ratio_level="token")
     assert rel(tok, on) > 0.02
     sp1, theta1, ref1, beh1 = problem(5, 1, False, 2)
     on1 = expected(sp1, "k1_in_reward", theta1, ref1, theta1, level="token")
-    tok1 = expected(
-        sp1, "k1_in_reward", theta1, ref1, beh1, level="token", old_logp=True, ratio_level="token"
-    )
+    tok1 = expected(sp1, "k1_in_reward", theta1, ref1, beh1, level="token", old_logp=True, ratio_level="token")
     assert rel(tok1, on1) < 1e-12
 
 
@@ -295,17 +289,13 @@ def test_per_sample_variance_matches_a_per_sample_backward_loop():
     ref_lp = token_logps(sp, ref)
 
     def loss(logp, sample_logp):
-        return kl_loss_per_sequence(
-            "k3_as_loss", logp, ref_lp, sp.mask, level="token_to_go", old_logp=sample_logp
-        )
+        return kl_loss_per_sequence("k3_as_loss", logp, ref_lp, sp.mask, level="token_to_go", old_logp=sample_logp)
 
     mean, var = expected_gradient(sp, loss, theta, beh, with_variance=True)
     th = theta.clone().requires_grad_(True)
     per = loss(token_logps(sp, th), token_logps(sp, beh))
     q = sequence_logps(sp, beh).exp()
-    grads = torch.stack(
-        [torch.autograd.grad(per[i], th, retain_graph=True)[0] for i in range(sp.num_sequences)]
-    )
+    grads = torch.stack([torch.autograd.grad(per[i], th, retain_graph=True)[0] for i in range(sp.num_sequences)])
     ref_mean = (q[:, None, None] * grads).sum(0)
     ref_var = float((q * ((grads - ref_mean) ** 2).sum((1, 2))).sum())
     torch.testing.assert_close(mean, ref_mean, rtol=0, atol=1e-13)

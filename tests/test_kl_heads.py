@@ -249,9 +249,7 @@ def test_coefficients_hand_values():
 @pytest.mark.parametrize("name", HEAD_NAMES)
 def test_coefficient_matches_closed_form_random(name):
     logp, ref, _, _ = make_batch(0, 4, 9, u_scale=3.0)
-    torch.testing.assert_close(
-        head(name).coefficient(logp, ref), closed_coefficient(name, logp, ref), **TIGHT
-    )
+    torch.testing.assert_close(head(name).coefficient(logp, ref), closed_coefficient(name, logp, ref), **TIGHT)
 
 
 @pytest.mark.parametrize("name", HEAD_NAMES)
@@ -698,9 +696,7 @@ def token_to_go_loop(name: str, logp, ref, mask) -> list[list[float]]:
     for b in range(B):
         for t in range(T):
             if mask[b, t]:
-                out[b][t] = sum(
-                    coef_py(name, logp[b, s].item(), ref[b, s].item()) for s in range(t, T) if mask[b, s]
-                )
+                out[b][t] = sum(coef_py(name, logp[b, s].item(), ref[b, s].item()) for s in range(t, T) if mask[b, s])
     return out
 
 
@@ -709,9 +705,7 @@ def token_to_go_loop(name: str, logp, ref, mask) -> list[list[float]]:
 def test_token_to_go_matches_python_loop(name, seed, B, T):
     logp, ref, _, mask = make_batch(100 + seed, B, T, holes=True)
     expect = t64(token_to_go_loop(name, logp, ref, mask))
-    torch.testing.assert_close(
-        level_coefficients(head(name), logp, ref, mask, "token_to_go"), expect, **TIGHT
-    )
+    torch.testing.assert_close(level_coefficients(head(name), logp, ref, mask, "token_to_go"), expect, **TIGHT)
     _, g = run(head(name), logp, ref, mask, "token_to_go", "on")  # on-policy gradient = C (per-seq sum)
     torch.testing.assert_close(g, expect, **TIGHT)
 
@@ -753,9 +747,7 @@ def test_is_correction_false_is_the_on_policy_computation(name):
     assert not torch.allclose(g_on, g_off)
 
 
-@pytest.mark.parametrize(
-    "name", ["k1_in_reward", "k2_as_loss", "k3_as_loss", "k3_in_reward", "mse_in_reward"]
-)
+@pytest.mark.parametrize("name", ["k1_in_reward", "k2_as_loss", "k3_as_loss", "k3_in_reward", "mse_in_reward"])
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
 def test_clip_side_single_sequence(name, ratio_level):
     # One sequence, sequence level; shift old_logp on one token so the ratio (token 0, and the sequence
@@ -773,9 +765,7 @@ def test_clip_side_single_sequence(name, ratio_level):
         for rho in (1.5, 0.5):
             old = logp - t64([[math.log(rho), 0.0, 0.0]])
             x = logp.clone().requires_grad_(True)
-            loss = kl_loss(
-                head(name), x, ref, m, old_logp=old, level="sequence", clip_eps=eps, ratio_level=ratio_level
-            )
+            loss = kl_loss(head(name), x, ref, m, old_logp=old, level="sequence", clip_eps=eps, ratio_level=ratio_level)
             (g,) = torch.autograd.grad(loss, x)
             pushes = (c > 0 and rho > 1 + eps) or (c < 0 and rho < 1 - eps)
             if ratio_level == "sequence":
@@ -841,9 +831,7 @@ def test_ratio_cap_keeps_loss_finite_and_gradient_alive(gap):
     for name in ("k1_in_reward", "k2_as_loss", "k3_as_loss", "k3_in_reward", "k1_as_loss", "mse_in_reward"):
         for level, ratio_level, clip in itertools.product(LEVELS, RATIO_LEVELS, (None, 0.2)):
             x = logp.clone().requires_grad_(True)
-            loss = kl_loss(
-                head(name), x, ref, m, old_logp=old, level=level, ratio_level=ratio_level, clip_eps=clip
-            )
+            loss = kl_loss(head(name), x, ref, m, old_logp=old, level=level, ratio_level=ratio_level, clip_eps=clip)
             (g,) = torch.autograd.grad(loss, x)
             assert torch.isfinite(loss), (name, level, ratio_level, clip)
             assert torch.isfinite(g).all(), (name, level, ratio_level, clip)
@@ -873,9 +861,7 @@ def _expected_gradient(name: str, level: str):
     g = torch.Generator().manual_seed(3)
     th1 = torch.randn(3, generator=g, dtype=F64).requires_grad_(True)
     th2 = torch.randn(3, 3, generator=g, dtype=F64).requires_grad_(True)
-    ref_logp, ref1, ref2 = _policy(
-        torch.randn(3, generator=g, dtype=F64), torch.randn(3, 3, generator=g, dtype=F64)
-    )
+    ref_logp, ref1, ref2 = _policy(torch.randn(3, generator=g, dtype=F64), torch.randn(3, 3, generator=g, dtype=F64))
     logp, lp1, lp2 = _policy(th1, th2)
     prob = logp.sum(-1).exp()  # (9,)
     mask = torch.ones(9, 2, dtype=torch.bool)
@@ -943,7 +929,5 @@ def test_micro_batching_is_exact(seed, cuts):
         parts = []
         for a, b in itertools.pairwise(bounds):
             o = None if kw["old_logp"] is None else kw["old_logp"][a:b]
-            parts.append(
-                kl_loss_per_sequence(head(name), logp[a:b], ref[a:b], mask[a:b], **{**kw, "old_logp": o})
-            )
+            parts.append(kl_loss_per_sequence(head(name), logp[a:b], ref[a:b], mask[a:b], **{**kw, "old_logp": o}))
         assert torch.equal(full, torch.cat(parts)), (name, level, mode)

@@ -523,9 +523,7 @@ def test_combined_advantages_token_level_raises():
     mask = mask_of(CA_MASK)
     l = t64(CA_L)
     with pytest.raises(ValueError, match="token"):
-        combined_advantages(
-            t64(CA_R), "k1_in_reward", l, l, mask, beta=0.1, level="token", group_size=2, method="grpo"
-        )
+        combined_advantages(t64(CA_R), "k1_in_reward", l, l, mask, beta=0.1, level="token", group_size=2, method="grpo")
 
 
 def test_combined_advantages_uses_current_logp_only_detached():
@@ -615,9 +613,7 @@ def _setup(seed=21, B=4, T=5):
 def test_decoupled_loss_is_pg_plus_beta_kl(agg, level, off):
     logp0, ref, old, mask, adv = _setup()
     old_logp = old if off else None
-    spec = ObjectiveSpec(
-        kl_head="k3_as_loss", beta=0.37, kl_level=level, aggregation=agg, ratio_level="token"
-    )
+    spec = ObjectiveSpec(kl_head="k3_as_loss", beta=0.37, kl_level=level, aggregation=agg, ratio_level="token")
     logp = logp0.clone().requires_grad_(True)
     terms = policy_objective(logp, ref, mask, adv, spec, old_logp=old_logp)
     assert terms.loss.item() == terms.policy_loss.item() + 0.37 * terms.kl_loss.item()
@@ -888,7 +884,5 @@ def test_diagnostics_keep_float64_precision():
         "ratio_min": rho.min().item(),
     }
     d = objective_diagnostics(l, r, m, adv, ObjectiveSpec(), old_logp=o)
-    bad = {
-        k: (d[k], v) for k, v in expected.items() if not math.isclose(d[k], v, rel_tol=1e-10, abs_tol=1e-12)
-    }
+    bad = {k: (d[k], v) for k, v in expected.items() if not math.isclose(d[k], v, rel_tol=1e-10, abs_tol=1e-12)}
     assert not bad, f"(got, float64 truth): {bad}"

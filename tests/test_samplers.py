@@ -105,12 +105,8 @@ def test_greedy_is_deterministic_and_agrees_between_engines(model):
 def test_seeded_sampling_is_reproducible_and_top_p_restricts_support(model):
     ids, mask = prompts()
     s = KVCacheSampler(EOS, PAD)
-    a = s.generate(
-        model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3)
-    )
-    b = s.generate(
-        model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3)
-    )
+    a = s.generate(model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3))
+    b = s.generate(model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a.response_ids, b.response_ids)
     tiny = s.generate(
         model,

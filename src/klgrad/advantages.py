@@ -110,9 +110,7 @@ def _validate(
     if rewards.is_floating_point():
         n_bad = int((~torch.isfinite(rewards)).sum())
         if n_bad:
-            raise ValueError(
-                f"rewards contains {n_bad} non-finite value(s) (NaN or inf) out of {rewards.numel()}"
-            )
+            raise ValueError(f"rewards contains {n_bad} non-finite value(s) (NaN or inf) out of {rewards.numel()}")
     if isinstance(group_size, bool) or not isinstance(group_size, int):
         raise TypeError(f"group_size must be an int, got {type(group_size).__name__}")
     if group_size < 1:
@@ -134,9 +132,7 @@ def _validate(
             "group-baseline advantage 0 (and the group std / leave-one-out mean undefined)"
         )
     if B == 1 and "batch_norm" in ops:
-        raise ValueError(
-            f"method {method!r} normalises by the batch std, which needs B >= 2 rewards, got B=1"
-        )
+        raise ValueError(f"method {method!r} normalises by the batch std, which needs B >= 2 rewards, got B=1")
     return ops
 
 

@@ -143,9 +143,7 @@ class KLConfig:
         _check(self.beta >= 0, at, "beta", "must be >= 0")
         _check(self.clip_eps is None or 0 < self.clip_eps < 1, at, "clip_eps", "must be in (0, 1) or null")
         _check(self.target_kl is None or self.target_kl > 0, at, "target_kl", "must be > 0 or null")
-        _check(
-            self.reset_ref_every is None or self.reset_ref_every >= 1, at, "reset_ref_every", "must be >= 1"
-        )
+        _check(self.reset_ref_every is None or self.reset_ref_every >= 1, at, "reset_ref_every", "must be >= 1")
         _check(
             not (self.form == "combined" and self.level == "token"),
             at,
@@ -325,9 +323,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(value) != len(args):
                 raise ConfigError(f"{where} must have {len(args)} items, got {len(value)}")
-            return tuple(
-                _coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True))
-            )
+            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
         return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
     if tp is bool:
         if not isinstance(value, bool):
@@ -474,11 +470,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     docs: dict[str, str] = {}
     for node, nxt in itertools.pairwise(body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if (
-                isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
                 docs[node.target.id] = nxt.value.value.strip()
     return docs
 

@@ -127,9 +127,7 @@ def _check_logits(logits: Tensor, temperature: float) -> None:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
 
-def token_logprobs(
-    logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None
-) -> Tensor:
+def token_logprobs(logits: Tensor, tokens: Tensor, temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
     r"""Log-probability of each token: log softmax(logits / τ)[tokens], shapes (B, T, V), (B, T) -> (B, T).
 
     Computed as ``gather(z, tokens) - logsumexp(z)`` with z = logits / τ, chunk by chunk over T in float32

@@ -378,9 +378,7 @@ def objective_diagnostics(
     out["logp_gap"] = float(u.sum() / n_tok)
     out["logp_gap_abs"] = float(u.abs().sum() / n_tok)
     if old_logp is None:
-        out.update(
-            ratio_mean=1.0, ratio_max=1.0, ratio_min=1.0, clip_frac=0.0, dual_clip_frac=0.0, kl_clip_frac=0.0
-        )
+        out.update(ratio_mean=1.0, ratio_max=1.0, ratio_min=1.0, clip_frac=0.0, dual_clip_frac=0.0, kl_clip_frac=0.0)
         return out
     o = f(old_logp)
     ratio = importance_ratio(l, o, mask, spec.ratio_level, spec.max_log_ratio)  # (B, T)

@@ -53,9 +53,7 @@ class SFTConfig:
     """Greedy decoding length in evaluation."""
 
 
-def _encode(
-    tokenizer, prompts: list[str], targets: list[str]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _encode(tokenizer, prompts: list[str], targets: list[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded BOS+prompt+target+EOS ids, attention mask, loss mask (response tokens incl. EOS)."""
     rows, loss_rows = [], []
     for p, t in zip(prompts, targets, strict=True):
@@ -84,9 +82,7 @@ def greedy_accuracy(model, tokenizer, examples, task: str, max_new_tokens: int) 
     )
     model.train()
     completions = decode_responses(tokenizer, r)
-    return sum(extract_answer(task, c) == e.answer for c, e in zip(completions, examples, strict=True)) / len(
-        examples
-    )
+    return sum(extract_answer(task, c) == e.answer for c, e in zip(completions, examples, strict=True)) / len(examples)
 
 
 def run_sft(cfg: SFTConfig, out_dir: Path, progress: bool = True) -> dict:
@@ -101,9 +97,7 @@ def run_sft(cfg: SFTConfig, out_dir: Path, progress: bool = True) -> dict:
     def lr_at(step: int) -> float:
         if step < cfg.warmup:
             return (step + 1) / cfg.warmup
-        return 0.5 * (
-            1 + math.cos(math.pi * min(1.0, (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup)))
-        )
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup))))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -114,9 +108,7 @@ def run_sft(cfg: SFTConfig, out_dir: Path, progress: bool = True) -> dict:
     for step in bar:
         idx = torch.randint(len(train), (cfg.batch_size,), generator=gen).tolist()
         batch = [train[i] for i in idx]
-        ids, attn, loss_mask = _encode(
-            tokenizer, [e.prompt for e in batch], [sft_target(cfg.task, e) for e in batch]
-        )
+        ids, attn, loss_mask = _encode(tokenizer, [e.prompt for e in batch], [sft_target(cfg.task, e) for e in batch])
         logits = model(input_ids=ids, attention_mask=attn.long()).logits[:, :-1]  # (B, L-1, V) predicts next
         target, lm = ids[:, 1:], loss_mask[:, 1:]
         nll = torch.nn.functional.cross_entropy(logits.float().transpose(1, 2), target, reduction="none")
@@ -134,9 +126,7 @@ def run_sft(cfg: SFTConfig, out_dir: Path, progress: bool = True) -> dict:
                 break
     bar.close()
     if acc < cfg.target_accuracy:
-        raise RuntimeError(
-            f"sft: held-out accuracy {acc:.2f} < target {cfg.target_accuracy} after {step + 1} steps"
-        )
+        raise RuntimeError(f"sft: held-out accuracy {acc:.2f} < target {cfg.target_accuracy} after {step + 1} steps")
     save_model_and_tokenizer(model, tokenizer, out_dir)
     report = {
         "config": asdict(cfg),

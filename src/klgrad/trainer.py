@@ -127,9 +127,7 @@ def update(
     for _epoch in range(cfg.algo.ppo_epochs):
         if spec.form == "combined":
             with torch.no_grad():
-                cur, _ = logprob_fn(
-                    policy, batch.input_ids, batch.attention_mask, batch.response_start, False
-                )
+                cur, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
             adv_all = combined_advantages(
                 batch.rewards,
                 head,
@@ -154,9 +152,7 @@ def update(
             optimizer.zero_grad(set_to_none=True)
             for ms in range(0, n_seq, cfg.algo.micro_batch_size):
                 r = slice(start + ms, start + min(ms + cfg.algo.micro_batch_size, n_seq))
-                logp, ent = logprob_fn(
-                    policy, batch.input_ids[r], batch.attention_mask[r], batch.response_start, True
-                )
+                logp, ent = logprob_fn(policy, batch.input_ids[r], batch.attention_mask[r], batch.response_start, True)
                 terms = policy_objective(
                     logp,
                     batch.ref_logp[r],
@@ -224,16 +220,12 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
     ids, mask = encode_prompts(tokenizer, prompts)
     columns = examples_to_columns(examples)
     out: dict[str, float] = {}
-    greedy = sampler.generate(
-        policy, ids, mask, group_size=1, max_new_tokens=cfg.rollout.max_new_tokens, greedy=True
-    )
-    acc = compute_rewards(
-        [s for s in specs if s.name == "accuracy"] or specs[:1],
-        prompts,
-        decode_responses(tokenizer, greedy),
-        columns,
-    )
-    out["eval/greedy_accuracy"] = sum(acc.total) / len(acc.total)
+    greedy = sampler.generate(policy, ids, mask, group_size=1, max_new_tokens=cfg.rollout.max_new_tokens, greedy=True)
+    greedy_res = compute_rewards(specs, prompts, decode_responses(tokenizer, greedy), columns)
+    if "accuracy" in greedy_res.per_function:  # only a real accuracy reward is reported as accuracy
+        acc = greedy_res.per_function["accuracy"]
+        out["eval/greedy_accuracy"] = sum(a or 0.0 for a in acc) / len(acc)
+    out["eval/greedy_reward"] = sum(greedy_res.total) / len(greedy_res.total)
     gen = torch.Generator().manual_seed(seed)
     sampled = sampler.generate(
         policy,
@@ -249,9 +241,7 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
     out["eval/sampled_reward"] = sum(res.total) / len(res.total)
     if "accuracy" in res.per_function:
         out["eval/sampled_accuracy"] = sum(res.per_function["accuracy"]) / len(prompts)
-    ref_lp, _ = sequence_logprobs(
-        ref, sampled.input_ids, sampled.attention_mask, ids.shape[1], cfg.rollout.temperature
-    )
+    ref_lp, _ = sequence_logprobs(ref, sampled.input_ids, sampled.attention_mask, ids.shape[1], cfg.rollout.temperature)
     u = torch.where(sampled.response_mask, sampled.logp - ref_lp, 0.0).sum(-1)  # (N,) sequence log-ratio
     out["eval/kl_k1"] = float(u.mean())
     out["eval/kl_k3"] = float((torch.expm1(-u) + u).mean())
@@ -283,9 +273,7 @@ def save_checkpoint(
         },
         tmp / "optim.pt",
     )
-    (tmp / "state.json").write_text(
-        json.dumps({"step": step, "beta": beta, "config": to_dict(cfg)}, indent=1)
-    )
+    (tmp / "state.json").write_text(json.dumps({"step": step, "beta": beta, "config": to_dict(cfg)}, indent=1))
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -376,7 +364,7 @@ def plot_curves(records: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(3, 3, figsize=(13, 9.5))
     steps = [r["step"] for r in records if "reward/mean" in r]
     for ax, (key, label) in zip(axes.flat, CURVES, strict=True):
-        ys = [r[key] for r in records if "reward/mean" in r]
+        ys = [r[key] if r.get(key) is not None else float("nan") for r in records if "reward/mean" in r]
         ax.plot(steps, ys, color="#1f5f8b", lw=1.2, label="train batch")
         if key == "reward/accuracy":
             ev = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
@@ -417,9 +405,7 @@ def load_data(cfg: Config) -> tuple[list[Example], list[Example]]:
         ]  # the format reward reads its pattern from the task column
         n_eval = min(cfg.data.n_eval, max(1, len(examples) // 5))
         return examples[n_eval:] or examples, examples[:n_eval]
-    train, heldout = make_splits(
-        cfg.data.task, cfg.data.n_train, cfg.data.n_eval, cfg.data.seed, cfg.data.digits
-    )
+    train, heldout = make_splits(cfg.data.task, cfg.data.n_train, cfg.data.n_eval, cfg.data.seed, cfg.data.digits)
     return train, heldout
 
 
@@ -437,9 +423,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         _require_wandb()
     specs = reward_specs(cfg)
     model_dir = reference_path(cfg)
-    policy, tokenizer = load_model_and_tokenizer(
-        model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg)
-    )
+    policy, tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg))
     ref, _ = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg))
     ref.eval().requires_grad_(False)
     policy.train()
@@ -450,9 +434,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     updates_per_step = cfg.algo.ppo_epochs * cfg.algo.mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda k: lr_factor(
-            k // updates_per_step, cfg.train.steps, cfg.optim.warmup_steps, cfg.optim.schedule
-        ),
+        lambda k: lr_factor(k // updates_per_step, cfg.train.steps, cfg.optim.warmup_steps, cfg.optim.schedule),
     )
     beta, start = cfg.kl.beta, 0
     metrics_path = run_dir / "metrics.jsonl"
@@ -559,9 +541,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             scheduler.step()
         t_update = time.perf_counter()
         # 7. metrics (SPEC §9): KL estimates from the sampler's log-probs of the pre-update policy
-        diag = objective_diagnostics(
-            rollout.logp, ref_logp, rollout.response_mask, torch.zeros_like(ref_logp), spec
-        )
+        diag = objective_diagnostics(rollout.logp, ref_logp, rollout.response_mask, torch.zeros_like(ref_logp), spec)
         _, shaping_stats = shape_rewards(
             rewards, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max, return_stats=True
         )
@@ -654,25 +634,19 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
 
 def summarize(records: list[dict]) -> dict:
     """First and last held-out evaluation and the mean of the last 10 steps' batch metrics."""
-    evals = [r for r in records if "eval/greedy_accuracy" in r]
+    evals = [r for r in records if "eval/greedy_reward" in r]
     tail = [r for r in records if "reward/mean" in r][-10:]
     keys = [k for k in (tail[0] if tail else {}) if not k.startswith(("eval/", "time/")) and k != "step"]
     return {
         "steps": records[-1]["step"] if records else 0,
-        "eval_first": {k: v for k, v in evals[0].items() if k.startswith("eval/") or k == "step"}
-        if evals
-        else {},
-        "eval_last": {k: v for k, v in evals[-1].items() if k.startswith("eval/") or k == "step"}
-        if evals
-        else {},
+        "eval_first": {k: v for k, v in evals[0].items() if k.startswith("eval/") or k == "step"} if evals else {},
+        "eval_last": {k: v for k, v in evals[-1].items() if k.startswith("eval/") or k == "step"} if evals else {},
         "last10_mean": {
-            k: sum(r[k] for r in tail if r.get(k) is not None)
-            / max(1, sum(r.get(k) is not None for r in tail))
+            k: sum(r[k] for r in tail if r.get(k) is not None) / max(1, sum(r.get(k) is not None for r in tail))
             for k in keys
         },
         "mean_step_time_s": (
-            sum(r["time/step"] for r in records if "time/step" in r)
-            / max(1, sum("time/step" in r for r in records))
+            sum(r["time/step"] for r in records if "time/step" in r) / max(1, sum("time/step" in r for r in records))
         ),
     }
 
@@ -685,9 +659,7 @@ def _require_wandb():
     try:
         import wandb
     except ImportError as e:
-        raise ValueError(
-            "train.wandb is true but the wandb package is not installed (pip install wandb)"
-        ) from e
+        raise ValueError("train.wandb is true but the wandb package is not installed (pip install wandb)") from e
     return wandb
 
 

@@ -100,9 +100,7 @@ def make_problem(cfg: AuditConfig, ref_distance: float | None = None) -> AuditPr
     noise_beh = random_logits(space, g)
     rewards = torch.rand(space.num_sequences, generator=g, dtype=torch.float64)
     d = cfg.ref_distance if ref_distance is None else ref_distance
-    return AuditProblem(
-        space, theta, theta + d * noise_ref, theta + cfg.behaviour_distance * noise_beh, rewards
-    )
+    return AuditProblem(space, theta, theta + d * noise_ref, theta + cfg.behaviour_distance * noise_beh, rewards)
 
 
 def load_penalty(spec: str) -> Callable[[Tensor, Tensor], Tensor]:
@@ -216,9 +214,7 @@ def form_rows(problem: AuditProblem, beta: float) -> list[dict]:
             def decoupled(logp: Tensor, old: Tensor, head=head, level=level) -> Tensor:
                 adv = torch.where(sp.mask, rewards[:, None], 0.0)
                 pg = masked_sum(policy_gradient_loss(logp, adv, sp.mask, old_logp=old, **wide), sp.mask)
-                return pg + beta * kl_loss_per_sequence(
-                    head, logp, ref_lp, sp.mask, old_logp=old, level=level
-                )
+                return pg + beta * kl_loss_per_sequence(head, logp, ref_lp, sp.mask, old_logp=old, level=level)
 
             g_c, _ = expected_gradient(sp, combined, theta, beh)
             g_d, _ = expected_gradient(sp, decoupled, theta, beh)
@@ -262,9 +258,7 @@ def run_audit(cfg: AuditConfig, penalty: str | None = None) -> dict:
     sp = problem.space
     return dict(
         config={**asdict(cfg), "sweep": list(cfg.sweep)},
-        space=dict(
-            num_states=sp.num_states, num_sequences=sp.num_sequences, num_params=sp.num_states * sp.vocab
-        ),
+        space=dict(num_states=sp.num_states, num_sequences=sp.num_sequences, num_params=sp.num_states * sp.vocab),
         rows=audit_rows(problem, heads, cfg.clip_eps),
         forms=form_rows(problem, cfg.beta),
         sweep=dict(distances=list(cfg.sweep), err_rkl=distance_sweep(cfg, heads)),
@@ -314,9 +308,7 @@ def print_tables(result: dict, console=None) -> None:
             _fmt(r["variance"]),
         )
     console.print(t)
-    t2 = Table(
-        title="Off-policy (samples from the behaviour policy): rel. err vs the head's on-policy target"
-    )
+    t2 = Table(title="Off-policy (samples from the behaviour policy): rel. err vs the head's on-policy target")
     t2.add_column("head")
     t2.add_column("level")
     for _reg, label in (
@@ -332,13 +324,10 @@ def print_tables(result: dict, console=None) -> None:
     for (head, level), regs in by_key.items():
         if regs["on_policy"]["target"] is None:
             continue
-        t2.add_row(
-            head, level, *(_fmt(regs[k]["err_target"]) for k in ("is_seq", "is_tok", "is_seq_clip", "no_is"))
-        )
+        t2.add_row(head, level, *(_fmt(regs[k]["err_target"]) for k in ("is_seq", "is_tok", "is_seq_clip", "no_is")))
     console.print(t2)
     t3 = Table(
-        title="Forms, off-policy with sequence IS: rel. err vs exact -∇E[R] + β∇target "
-        f"(β={result['config']['beta']})"
+        title=f"Forms, off-policy with sequence IS: rel. err vs exact -∇E[R] + β∇target (β={result['config']['beta']})"
     )
     for col in ("head", "level", "combined", "decoupled", "combined vs decoupled"):
         t3.add_column(col, justify="right" if col not in ("head", "level") else "left")
@@ -454,10 +443,6 @@ def headline(result: dict) -> dict[str, float]:
         "k1_as_loss/sequence grad_norm": on("k1_as_loss", "sequence")["grad_norm"],
         "k2_as_loss/sequence off-policy no_is err": idx[("k2_as_loss", "sequence", "no_is")]["err_target"],
         "k2_as_loss/sequence off-policy is_seq err": idx[("k2_as_loss", "sequence", "is_seq")]["err_target"],
-        "k2_as_loss/sequence off-policy is_seq_clip err": idx[("k2_as_loss", "sequence", "is_seq_clip")][
-            "err_target"
-        ],
-        "k2_as_loss/token_to_go off-policy is_tok err": idx[("k2_as_loss", "token_to_go", "is_tok")][
-            "err_target"
-        ],
+        "k2_as_loss/sequence off-policy is_seq_clip err": idx[("k2_as_loss", "sequence", "is_seq_clip")]["err_target"],
+        "k2_as_loss/token_to_go off-policy is_tok err": idx[("k2_as_loss", "token_to_go", "is_tok")]["err_target"],
     }

@@ -72,9 +72,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, Row]]:
                 continue
             yield (
                 line_no,
-                obj
-                if isinstance(obj, dict)
-                else _BadRow(f"expected a JSON object, got {type(obj).__name__}"),
+                obj if isinstance(obj, dict) else _BadRow(f"expected a JSON object, got {type(obj).__name__}"),
             )
 
 

@@ -79,8 +79,7 @@ def load_reward_fn(spec: str) -> RewardFn:
         return BUILTIN_REWARDS[spec]
     if not _SPEC_RE.fullmatch(spec):
         raise ValueError(
-            f"reward spec {spec!r}: expected a built-in name {sorted(BUILTIN_REWARDS)}"
-            " or 'package.module:function'"
+            f"reward spec {spec!r}: expected a built-in name {sorted(BUILTIN_REWARDS)} or 'package.module:function'"
         )
     module_name, attr_path = spec.split(":")
     try:

@@ -108,9 +108,7 @@ def _finish(
     mask = ~after_eos
     resp = resp.masked_fill(~mask, pad_id)
     lp = lp.masked_fill(~mask, 0.0)
-    truncated = (
-        ~is_eos.any(-1) if resp.shape[1] == max_new_tokens else torch.zeros(resp.shape[0], dtype=torch.bool)
-    )
+    truncated = ~is_eos.any(-1) if resp.shape[1] == max_new_tokens else torch.zeros(resp.shape[0], dtype=torch.bool)
     return Rollout(prompt_ids, prompt_mask, resp, mask, lp, truncated)
 
 

@@ -1,0 +1,359 @@
+"""``klgrad compare``: the paper's KL comparison (SPEC §10) as a grid of real training runs, with statistics.
+
+Methods (everything else equal, β shared): ``none``, ``k1_as_loss``, ``k2_as_loss``, ``k3_as_loss`` (the
+paper's four, decoupled form at the chosen level) and ``k1_in_reward`` (combined form; at level ``token`` it
+uses ``token_to_go``, the per-token return form, since a combined coefficient must be a return). Each (method, β,
+seed) is a ``klgrad train`` run in ``OUT/runs/``; finished runs are skipped and interrupted ones resumed.
+
+Per run the final numbers are: held-out greedy accuracy (last evaluation), the exact KL(π‖π_ref) on held-out
+prompts by prefix-tree enumeration (short-answer tasks), the sampled k1/k2/k3 estimates on the same prompts,
+and the mean over the last 10 steps of the training-batch log-prob gap, reward std within groups and KL.
+The paper's predictions are decided by named tests (:mod:`klgrad.experiments.stats`), never by eye.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from klgrad.config import Config, load_config
+from klgrad.experiments.exact_kl import sampled_kl_estimates, tree_kl
+from klgrad.experiments.stats import mean_ci, welch_equivalent, welch_less
+from klgrad.trainer import load_data, read_jsonl, reference_path, train
+
+METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
+COLORS = {
+    "none": "#555555",
+    "k1_as_loss": "#9e9e9e",
+    "k2_as_loss": "#808000",
+    "k3_as_loss": "firebrick",
+    "k1_in_reward": "royalblue",
+}
+FINAL_KEYS = (
+    "greedy_accuracy",
+    "sampled_accuracy",
+    "exact_kl",
+    "sampled_k1",
+    "sampled_k2",
+    "sampled_k3",
+    "logp_gap",
+    "logp_gap_abs",
+    "reward_std_in_group",
+    "batch_kl_k1",
+    "reward_mean",
+)
+
+
+def method_overrides(method: str, level: str, beta: float) -> dict:
+    """Config overrides that make one method of the comparison."""
+    if method == "none":
+        return {"kl.head": "none", "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    if method == "k1_in_reward":
+        return {
+            "kl.head": "k1_in_reward",
+            "kl.beta": beta,
+            "kl.form": "combined",
+            "kl.level": "token_to_go" if level == "token" else level,
+        }
+    if method in ("k1_as_loss", "k2_as_loss", "k3_as_loss"):
+        return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+@torch.no_grad()
+def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
+    """Exact KL (tree) and sampled k1/k2/k3 of the run's final policy vs the reference, held-out prompts."""
+    from safetensors.torch import load_model
+
+    from klgrad.logprobs import sequence_logprobs
+    from klgrad.models import load_model_and_tokenizer
+    from klgrad.rollout.encoding import encode_prompts
+    from klgrad.rollout.samplers import KVCacheSampler
+    from klgrad.trainer import latest_checkpoint
+
+    model_dir = reference_path(cfg)
+    policy, tok = load_model_and_tokenizer(model_dir)
+    ref, _ = load_model_and_tokenizer(model_dir)
+    load_model(policy, str(latest_checkpoint(run_dir) / "policy.safetensors"))
+    policy.eval()
+    ref.eval()
+    _, heldout = load_data(cfg)
+    prompts = [e.prompt for e in heldout[:n_prompts]]
+    ids, mask = encode_prompts(tok, prompts)
+    out: dict = {}
+    if cfg.rollout.max_new_tokens <= 10:  # short answers: the response tree is small
+        rows = [ids[i][mask[i]].tolist() for i in range(len(prompts))]
+        tk = tree_kl(
+            policy,
+            ref,
+            rows,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            prune=1e-4,
+        )
+        out.update(exact_kl=tk["kl"], exact_kl_pruned_mass=tk["pruned_mass"], exact_kl_nodes=tk["nodes"])
+    gen = torch.Generator().manual_seed(12345)
+    r = KVCacheSampler(tok.eos_token_id, tok.pad_token_id).generate(
+        policy,
+        ids,
+        mask,
+        group_size=samples,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        generator=gen,
+    )
+    ref_lp, _ = sequence_logprobs(ref, r.input_ids, r.attention_mask, ids.shape[1], cfg.rollout.temperature)
+    est = sampled_kl_estimates(r.logp, ref_lp, r.response_mask)
+    out.update({f"sampled_{k}": v for k, v in est.items()})
+    return out
+
+
+def run_final_metrics(run_dir: Path) -> dict:
+    """Final numbers of one finished run from its files (see module docstring)."""
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    evals = [r for r in records if "eval/greedy_accuracy" in r]
+    tail = [r for r in records if "reward/mean" in r][-10:]
+
+    def tail_mean(k: str) -> float:
+        return sum(r[k] for r in tail) / len(tail)
+
+    return {
+        "greedy_accuracy": evals[-1]["eval/greedy_accuracy"],
+        "sampled_accuracy": evals[-1].get("eval/sampled_accuracy"),
+        "reference_greedy_accuracy": evals[0]["eval/greedy_accuracy"],
+        "logp_gap": tail_mean("kl/logp_gap"),
+        "logp_gap_abs": tail_mean("kl/logp_gap_abs"),
+        "reward_std_in_group": tail_mean("reward/std_in_group"),
+        "batch_kl_k1": tail_mean("kl/k1"),
+        "reward_mean": tail_mean("reward/mean"),
+    }
+
+
+def run_compare(
+    out_dir: Path,
+    *,
+    config: str | None = "configs/tiny_add.yaml",
+    seeds: int = 3,
+    steps: int = 60,
+    betas: tuple[float, ...] = (0.5,),
+    level: str = "token",
+    methods: tuple[str, ...] = METHODS,
+    exact_prompts: int = 20,
+    estimate_samples: int = 16,
+    progress: bool = True,
+    extra_overrides: dict | None = None,
+) -> dict:
+    """Run (or resume) the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    grid = [(m, b, s) for b in betas for m in methods for s in range(seeds)]
+    base = {
+        "train.steps": steps,
+        "train.eval_every": max(1, steps // 3),
+        "train.save_every": steps,
+        "train.tensorboard": False,
+        **(extra_overrides or {}),
+    }
+    cfgs = {}
+    for m, b, s in grid:  # validate every config before running anything
+        run_dir = out_dir / "runs" / f"{m}-beta{b:g}-seed{s}"
+        cfgs[(m, b, s)] = load_config(
+            config, {**base, **method_overrides(m, level, b), "train.seed": s, "train.out_dir": str(run_dir)}
+        )
+    results = []
+    bar = tqdm(grid, desc="klgrad compare", disable=not progress, dynamic_ncols=True)
+    for m, b, s in bar:
+        cfg = cfgs[(m, b, s)]
+        run_dir = Path(cfg.train.out_dir)
+        bar.set_postfix(run=f"{m} β={b:g} seed {s}")
+        done = run_dir / "final.json"
+        if not done.is_file():
+            summary = run_dir / "summary.json"
+            finished = summary.is_file() and json.loads(summary.read_text()).get("steps") == steps
+            if not finished:
+                train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
+            final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
+            done.write_text(json.dumps(final, indent=1))
+        results.append({"method": m, "beta": b, "seed": s, **json.loads(done.read_text())})
+    bar.close()
+    summary = summarize(results, methods, betas, level, steps, seeds)
+    (out_dir / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
+    (out_dir / "summary.md").write_text(summary_markdown(summary))
+    plot_grid(out_dir, grid, methods, betas)
+    plot_frontier(results, out_dir / "frontier.png", methods)
+    return summary
+
+
+def summarize(results: list[dict], methods, betas, level: str, steps: int, seeds: int) -> dict:
+    """Per (method, β): mean ± 95% CI of every final metric; the paper's predictions at the first β."""
+    table: dict = {}
+    for b in betas:
+        for m in methods:
+            rows = [r for r in results if r["method"] == m and r["beta"] == b]
+            table[f"{m}@{b:g}"] = {
+                k: dict(zip(("mean", "ci95"), mean_ci([r[k] for r in rows]), strict=True))
+                for k in FINAL_KEYS
+                if rows and all(r.get(k) is not None for r in rows)
+            }
+    b = betas[0]
+
+    def vals(m: str, key: str) -> list[float]:
+        return [r[key] for r in results if r["method"] == m and r["beta"] == b and r.get(key) is not None]
+
+    kl_key = "exact_kl" if vals("none", "exact_kl") else "sampled_k1"
+    preds = []
+    if {"none", "k1_as_loss", "k2_as_loss"} <= set(methods):
+        none, k2 = vals("none", kl_key), vals("k2_as_loss", kl_key)
+        margin = 0.5 * abs(sum(none) / len(none) - sum(k2) / len(k2))
+        preds.append(
+            {
+                "claim": "k1_as_loss ≈ none (no regularisation) on final KL",
+                "metric": kl_key,
+                **welch_equivalent(vals("k1_as_loss", kl_key), none, margin=max(margin, 1e-6)),
+            }
+        )
+    if {"k2_as_loss", "k3_as_loss"} <= set(methods):
+        for claim, key in (
+            ("k2_as_loss keeps KL below k3_as_loss", kl_key),
+            ("k2_as_loss keeps the log-prob gap below k3_as_loss", "logp_gap"),
+            ("k2_as_loss has lower reward std within groups than k3_as_loss", "reward_std_in_group"),
+        ):
+            preds.append(
+                {
+                    "claim": claim,
+                    "metric": key,
+                    **welch_less(vals("k2_as_loss", key), vals("k3_as_loss", key)),
+                }
+            )
+    return {
+        "level": level,
+        "steps": steps,
+        "seeds": seeds,
+        "betas": list(betas),
+        "kl_metric": kl_key,
+        "table": table,
+        "predictions": preds,
+    }
+
+
+def summary_markdown(summary: dict) -> str:
+    lines = [
+        f"# klgrad compare — level `{summary['level']}`, {summary['steps']} steps, {summary['seeds']} seeds",
+        "",
+        "Final metrics, mean ± 95% CI over seeds (t interval).",
+        "",
+        "| method @ β | greedy acc. | exact KL | sampled k1 | sampled k3 | log-prob gap | reward std in group |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(row: dict, k: str) -> str:
+        if k not in row:
+            return "—"
+        m, h = row[k]["mean"], row[k]["ci95"]
+        return f"{m:.4f} ± {h:.4f}"
+
+    for name, row in summary["table"].items():
+        lines.append(
+            f"| {name} | {cell(row, 'greedy_accuracy')} | {cell(row, 'exact_kl')} | "
+            f"{cell(row, 'sampled_k1')} | {cell(row, 'sampled_k3')} | {cell(row, 'logp_gap')} | "
+            f"{cell(row, 'reward_std_in_group')} |"
+        )
+    lines += ["", "## The paper's predictions", "", "| claim | test | p | verdict |", "|---|---|---|---|"]
+    for p in summary["predictions"]:
+        lines.append(f"| {p['claim']} ({p['metric']}) | {p['test']} | {p['p_value']:.3g} | **{p['verdict']}** |")
+    return "\n".join(lines) + "\n"
+
+
+PANELS = (
+    ("reward/mean", "reward"),
+    ("reward/accuracy", "accuracy"),
+    ("loss/kl", "KL loss"),
+    ("kl/logp_gap", "log-prob diff mean(l − r)"),
+    ("response/length", "response length"),
+    ("entropy", "entropy"),
+    ("reward/std_in_group", "reward std within groups"),
+    ("loss/policy", "policy loss"),
+    ("kl/k1", "sequence KL (k1)"),
+)
+
+
+def plot_grid(out_dir: Path, grid, methods, betas) -> None:
+    """The paper's panel layout: mean over seeds with a ±1 sd band, one colour per method (first β)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    b = betas[0]
+    fig, axes = plt.subplots(3, 3, figsize=(14, 10))
+    for m in methods:
+        series = []
+        for mm, bb, s in grid:
+            if mm == m and bb == b:
+                rs = [
+                    r
+                    for r in read_jsonl(out_dir / "runs" / f"{m}-beta{b:g}-seed{s}" / "metrics.jsonl")
+                    if "reward/mean" in r
+                ]
+                series.append(rs)
+        if not series:
+            continue
+        n = min(len(s) for s in series)
+        steps = [r["step"] for r in series[0][:n]]
+        for ax, (key, label) in zip(axes.flat, PANELS, strict=True):
+            y = np.array([[r[key] if r.get(key) is not None else np.nan for r in s[:n]] for s in series])
+            k = max(1, n // 25)  # light smoothing for readability (moving average over k steps)
+            kernel = np.ones(k) / k
+            mean = np.convolve(np.nanmean(y, 0), kernel, mode="valid")
+            sd = np.convolve(np.nanstd(y, 0), kernel, mode="valid")
+            xs = steps[k - 1 :]
+            ax.plot(xs, mean, color=COLORS.get(m), lw=1.6, label=m)
+            ax.fill_between(xs, mean - sd, mean + sd, color=COLORS.get(m), alpha=0.15)
+            ax.set_title(label, fontsize=10)
+            ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    fig.suptitle(f"klgrad compare — mean over seeds ± 1 sd (β = {b:g}); moving average for readability", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(out_dir / "comparison.png", dpi=110)
+    plt.close(fig)
+
+
+def plot_frontier(results: list[dict], path: Path, methods) -> None:
+    """Final KL to the reference vs final held-out greedy accuracy: one point per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = "exact_kl" if all(r.get("exact_kl") is not None for r in results) else "sampled_k1"
+    markers = ["o", "s", "^", "D", "v", "P"]
+    betas = sorted({r["beta"] for r in results})
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    for m in methods:
+        for j, b in enumerate(betas):
+            rs = [r for r in results if r["method"] == m and r["beta"] == b]
+            ax.scatter(
+                [r[key] for r in rs],
+                [r["greedy_accuracy"] for r in rs],
+                color=COLORS.get(m),
+                marker=markers[j % len(markers)],
+                s=45,
+                alpha=0.85,
+                label=f"{m} β={b:g}" if len(betas) > 1 else m,
+            )
+    ref_acc = results[0].get("reference_greedy_accuracy") if results else None
+    if ref_acc is not None:
+        ax.axhline(ref_acc, color="black", ls=":", lw=1, label="reference")
+    ax.set_xlabel("final KL(π‖π_ref) on held-out prompts" + (" (exact)" if key == "exact_kl" else " (sampled k1)"))
+    ax.set_ylabel("final held-out greedy accuracy")
+    ax.set_title("Reward–KL frontier (one point per run)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,68 @@
+"""A tiny `klgrad compare` grid end to end: runs, skips finished runs, writes every file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from klgrad.cli import main
+from klgrad.experiments.compare import method_overrides, run_compare
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "data.n_eval": 8,
+    "data.n_train": 200,
+    "rollout.prompts_per_step": 4,
+    "rollout.group_size": 4,
+    "algo.micro_batch_size": 16,
+}
+
+
+def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
+    out = tmp_path / "cmp"
+    kw = dict(
+        seeds=2,
+        steps=2,
+        methods=("none", "k2_as_loss", "k3_as_loss"),
+        exact_prompts=3,
+        estimate_samples=4,
+        progress=False,
+        extra_overrides=SMALL,
+    )
+    summary = run_compare(out, **kw)
+    for name in ("comparison.png", "frontier.png", "summary.json", "summary.md"):
+        assert (out / name).is_file(), name
+    data = json.loads((out / "summary.json").read_text())
+    assert len(data["runs"]) == 6
+    for r in data["runs"]:
+        assert 0 <= r["greedy_accuracy"] <= 1
+        assert r["exact_kl"] >= -1e-9  # a KL
+        assert r["exact_kl_pruned_mass"] < 0.2
+    claims = [p["claim"] for p in summary["predictions"]]
+    assert any("k2_as_loss keeps KL below k3_as_loss" in c for c in claims)
+    assert all(
+        p["verdict"] in ("supported", "not supported", "not resolved at this sample size")
+        for p in summary["predictions"]
+    )
+    md = (out / "summary.md").read_text()
+    assert "Welch" in md
+    mtimes = {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
+    run_compare(out, **kw)  # everything finished: nothing is retrained
+    assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")} == mtimes
+
+
+def test_methods_differ_only_in_the_kl_choice():
+    a, b = method_overrides("k2_as_loss", "token", 0.5), method_overrides("k3_as_loss", "token", 0.5)
+    assert {k for k in a if a[k] != b[k]} == {"kl.head"}
+    assert method_overrides("k1_in_reward", "token", 0.5)["kl.level"] == "token_to_go"
+    assert method_overrides("k1_in_reward", "sequence", 0.5)["kl.form"] == "combined"
+    with pytest.raises(ValueError, match="unknown method"):
+        method_overrides("k4", "token", 0.5)
+
+
+def test_cli_rejects_bad_grids(capsys):
+    assert main(["compare", "--methods", "k4_as_loss"]) == 2
+    assert "unknown methods" in capsys.readouterr().err
+    assert main(["compare", "--seeds", "1"]) == 2
