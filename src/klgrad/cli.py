@@ -84,6 +84,9 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         print(f"klgrad train: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:  # a guarded stop (non-finite steps, reward failure budget): the run is resumable
+        print(f"klgrad train: stopped: {e}", file=sys.stderr)
+        return 1
     first, last = summary["eval_first"], summary["eval_last"]
     console = _console()
     console.print(

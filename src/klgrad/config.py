@@ -109,10 +109,18 @@ class RewardConfig:
     """Reward given to a sample whose reward function raised, timed out or returned NaN."""
     timeout_s: float = 5.0
     """Time limit of one reward-function call (seconds)."""
+    max_failure_fraction: float | None = None
+    """Stop the run when more than this fraction of a step's samples had a failed reward (null = never)."""
 
     def validate(self, at: str) -> None:
         _check(len(self.functions) >= 1, at, "functions", "needs at least one reward function")
         _check(self.timeout_s > 0, at, "timeout_s", "must be > 0")
+        _check(
+            self.max_failure_fraction is None or 0 <= self.max_failure_fraction < 1,
+            at,
+            "max_failure_fraction",
+            "must be in [0, 1) or null",
+        )
 
 
 @dataclass
@@ -233,11 +241,14 @@ class TrainConfig:
     """Also log to Weights & Biases (when installed)."""
     threads: int | None = None
     """torch CPU threads; None = torch default."""
+    max_skipped_steps: int = 3
+    """Stop (with a checkpoint) after this many consecutive steps whose update had a non-finite loss/gradient."""
 
     def validate(self, at: str) -> None:
         _check(self.steps >= 1, at, "steps", "must be >= 1")
         _check(self.eval_every >= 0, at, "eval_every", "must be >= 0")
         _check(self.save_every >= 1, at, "save_every", "must be >= 1")
+        _check(self.max_skipped_steps >= 1, at, "max_skipped_steps", "must be >= 1")
 
 
 @dataclass

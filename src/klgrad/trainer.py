@@ -19,9 +19,13 @@ Record convention: ``step`` = optimizer updates done; the record with step 0 hol
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
+import os
+import pickle
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -113,8 +117,12 @@ def update(
     cfg: Config,
     spec: ObjectiveSpec,
     logprob_fn,
+    record_step: int = 0,
 ) -> dict[str, float]:
     """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns mean metrics.
+
+    A non-finite loss or gradient norm skips that optimizer step: gradients are dropped, weights and AdamW
+    state stay untouched, and ``skipped_updates`` counts it.
 
     ``logprob_fn(model, input_ids, attention_mask, response_start, with_entropy)`` -> (logp, entropy).
     """
@@ -123,7 +131,8 @@ def update(
     mb_size = n // cfg.algo.mini_batches
     head = get_kl_head(cfg.kl.head)
     sums: dict[str, float] = {}
-    count = 0
+    count = skipped = 0
+    inject_nan = _nan_injected(record_step)
     for _epoch in range(cfg.algo.ppo_epochs):
         if spec.form == "combined":
             with torch.no_grad():
@@ -150,6 +159,7 @@ def update(
             mask = batch.mask[rows]
             n_seq, n_tok = mask.shape[0], int(mask.sum())
             optimizer.zero_grad(set_to_none=True)
+            finite = True
             for ms in range(0, n_seq, cfg.algo.micro_batch_size):
                 r = slice(start + ms, start + min(ms + cfg.algo.micro_batch_size, n_seq))
                 logp, ent = logprob_fn(policy, batch.input_ids[r], batch.attention_mask[r], batch.response_start, True)
@@ -164,7 +174,9 @@ def update(
                     num_sequences=n_seq,
                     num_tokens=n_tok,
                 )
-                terms.loss.backward()
+                loss = terms.loss * float("nan") if inject_nan else terms.loss
+                finite = finite and bool(torch.isfinite(loss))
+                loss.backward()
                 m = batch.mask[r]
                 ent_mean = float(torch.where(m, ent.detach(), 0.0).sum()) / max(n_tok, 1)
                 for k, v in (
@@ -186,9 +198,17 @@ def update(
             params = [p for p in policy.parameters() if p.grad is not None]
             total = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(total)
-            optimizer.step()
             count += 1
-    return {k: v / count for k, v in sums.items()}
+            if not (finite and math.isfinite(float(total))):
+                optimizer.zero_grad(set_to_none=True)  # skip: weights and optimizer state untouched
+                skipped += 1
+                continue
+            optimizer.step()
+            if count == 1:
+                _fault("update", record_step)
+    out = {k: v / count for k, v in sums.items()}
+    out["skipped_updates"] = skipped
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -252,6 +272,37 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
 # checkpoints (atomic: temporary folder + rename; "latest" pointer replaced atomically)
 
 
+def _fault(point: str, step: int) -> None:
+    """Test hook (documented in docs/reliability.md): ``KLGRAD_KILL_AT="<point>:<step>"`` SIGKILLs this process
+    when the loop reaches ``point`` at record step ``step``. Unset in normal use: a dictionary lookup."""
+    spec = os.environ.get("KLGRAD_KILL_AT")
+    if spec and spec == f"{point}:{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _nan_injected(step: int) -> bool:
+    """Test hook: ``KLGRAD_NAN_AT="2,3"`` makes the loss of those record steps NaN (exercises the skip logic)."""
+    spec = os.environ.get("KLGRAD_NAN_AT")
+    return bool(spec) and str(step) in spec.split(",")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def checkpoint_is_valid(path: Path) -> bool:
+    """True when every file listed in ``checksums.json`` exists with its recorded sha256."""
+    try:
+        sums = json.loads((path / "checksums.json").read_text())
+        return bool(sums) and all(_sha256(path / name) == digest for name, digest in sums.items())
+    except (OSError, ValueError):
+        return False
+
+
 def save_checkpoint(
     run_dir: Path, step: int, policy, ref, optimizer, scheduler, beta: float, cfg: Config, save_ref: bool
 ) -> Path:
@@ -263,6 +314,7 @@ def save_checkpoint(
         shutil.rmtree(tmp)
     tmp.mkdir()
     save_model(policy, str(tmp / "policy.safetensors"))
+    _fault("checkpoint_file", step)
     if save_ref:
         save_model(ref, str(tmp / "ref.safetensors"))
     torch.save(
@@ -274,9 +326,12 @@ def save_checkpoint(
         tmp / "optim.pt",
     )
     (tmp / "state.json").write_text(json.dumps({"step": step, "beta": beta, "config": to_dict(cfg)}, indent=1))
+    sums = {f.name: _sha256(f) for f in sorted(tmp.iterdir())}
+    (tmp / "checksums.json").write_text(json.dumps(sums, indent=1))  # written last: its presence = complete
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    _fault("checkpoint_rename", step)
     pointer = ckpt_root / "latest.tmp"
     pointer.write_text(final.name)
     pointer.replace(ckpt_root / "latest")
@@ -284,18 +339,25 @@ def save_checkpoint(
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    pointer = run_dir / "checkpoints" / "latest"
-    if not pointer.is_file():
+    """The newest checkpoint whose checksums verify; torn or corrupt ones are skipped (the ``latest`` pointer is
+    only a hint for people: a kill between the folder rename and the pointer update leaves it one behind)."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
         return None
-    path = run_dir / "checkpoints" / pointer.read_text().strip()
-    return path if (path / "state.json").is_file() else None
+    for path in sorted(root.glob("step_*"), reverse=True):
+        if checkpoint_is_valid(path):
+            return path
+    return None
 
 
 def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int, float]:
     load_model(policy, str(path / "policy.safetensors"))
     if (path / "ref.safetensors").is_file():
         load_model(ref, str(path / "ref.safetensors"))
-    state = torch.load(path / "optim.pt", weights_only=True)
+    try:  # weights_only: tensors and plain containers only, never arbitrary pickled objects
+        state = torch.load(path / "optim.pt", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
+        raise ValueError(f"{path / 'optim.pt'}: refused to load (not a plain optimizer state): {e}") from e
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])  # per-step sampling uses its own (seed, step) generator
@@ -473,8 +535,9 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         desc="klgrad train",
         dynamic_ncols=True,
     )
-    done_here = 0
-    if start == 0:  # the reference's own held-out evaluation, before any update
+    done_here = consecutive_skips = 0
+    has_reference_eval = any(r["step"] == 0 for r in read_jsonl(metrics_path))
+    if start == 0 and not has_reference_eval:  # the reference's own held-out evaluation, before any update
         policy.eval()
         write_jsonl(
             metrics_path,
@@ -503,6 +566,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             generator=gen,
         )
         policy.train()
+        _fault("rollout", step + 1)
         t_rollout = time.perf_counter()
         # 3. rewards
         rep = [e for e in examples for _ in range(g)]
@@ -516,6 +580,13 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             timeout_s=cfg.reward.timeout_s,
         )
         rewards = torch.tensor(rres.total, dtype=torch.float32)  # (N,)
+        failed = sum(rres.failures.values())
+        budget = cfg.reward.max_failure_fraction
+        if budget is not None and failed > budget * len(completions):
+            raise RuntimeError(
+                f"step {step + 1}: {failed} reward-function failures out of {len(completions)} samples exceed "
+                f"reward.max_failure_fraction = {budget}; errors: {dict(rres.errors)}"
+            )
         t_reward = time.perf_counter()
         # 4. reference (and behaviour, when off-policy) log-probs
         p_len = prompt_ids.shape[1]
@@ -536,7 +607,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         )
         # 5-6. advantages and updates
         spec = dataclasses.replace(objective_spec(cfg), beta=beta)
-        upd = update(policy, optimizer, batch, cfg, spec, logprob_fn)
+        upd = update(policy, optimizer, batch, cfg, spec, logprob_fn, record_step=step + 1)
         for _ in range(updates_per_step):
             scheduler.step()
         t_update = time.perf_counter()
@@ -568,6 +639,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             "ratio/mean": upd["ratio_mean"],
             "ratio/max": upd["ratio_max"],
             "grad_norm": upd["grad_norm"],
+            "skipped_updates": upd["skipped_updates"],
             "beta": beta,
             "lr": scheduler.get_last_lr()[0],
             "time/rollout": t_rollout - t0,
@@ -588,6 +660,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             policy.train()
         rec = {k: (v if isinstance(v, int) or math.isfinite(v) else None) for k, v in rec.items()}
         write_jsonl(metrics_path, rec)
+        _fault("log", step + 1)
         if writer is not None:
             for k, v in rec.items():
                 if k != "step" and v is not None and not k.startswith("time/"):
@@ -610,6 +683,24 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
                 beta,
                 cfg,
                 save_ref=cfg.kl.reset_ref_every is not None,
+            )
+        consecutive_skips = consecutive_skips + 1 if upd["skipped_updates"] else 0
+        if consecutive_skips >= cfg.train.max_skipped_steps:
+            # skipped updates changed nothing, so the current weights are the last good ones: keep them
+            ckpt = save_checkpoint(
+                run_dir,
+                step + 1,
+                policy,
+                ref,
+                optimizer,
+                scheduler,
+                beta,
+                cfg,
+                save_ref=cfg.kl.reset_ref_every is not None,
+            )
+            raise RuntimeError(
+                f"non-finite loss or gradient in {consecutive_skips} consecutive steps (up to step {step + 1}); "
+                f"stopped. The last good weights are in {ckpt}; continue with --resume {run_dir}"
             )
         done_here += 1
         if stop_after is not None and done_here >= stop_after:
