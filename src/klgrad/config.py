@@ -249,6 +249,7 @@ class TrainConfig:
         _check(self.eval_every >= 0, at, "eval_every", "must be >= 0")
         _check(self.save_every >= 1, at, "save_every", "must be >= 1")
         _check(self.max_skipped_steps >= 1, at, "max_skipped_steps", "must be >= 1")
+        _check(self.threads is None or self.threads >= 1, at, "threads", "must be >= 1 or null")
 
 
 @dataclass
@@ -347,9 +348,13 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{where} must be a number, got {value!r}")
-        if value != value or value in (float("inf"), float("-inf")):
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ConfigError(f"{where} must be a finite number, got an integer of {len(str(value))} digits") from None
+        if number != number or number in (float("inf"), float("-inf")):
             raise ConfigError(f"{where} must be finite, got {value!r}")
-        return float(value)
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where} must be a string, got {value!r}")

@@ -201,14 +201,17 @@ def _shaping_scale(
             if std_min is not None or std_max is not None:
                 std = std.clamp(min=std_min, max=std_max)
             std = torch.where(std > 0, std, torch.ones_like(std))
-            scale = scale / std.expand_as(v).reshape(-1)
+            inv = 1.0 / std.expand_as(v).reshape(-1)
+            # a subnormal std overflows 1/std: drop the (zero-mean) prefix term there rather than make inf·0
+            scale = torch.where(torch.isfinite(scale * inv), scale * inv, torch.zeros_like(scale))
             x = ((v - v.mean(-1, keepdim=True)) / std).reshape(-1)
         elif op in ("group_baseline", "rloo"):
             v = x.view(-1, group_size)
             x = (v - v.mean(-1, keepdim=True)).reshape(-1)
         elif op == "batch_baseline":
             x = x - x.mean()
-    return scale.to(totals.dtype)
+    scale = scale.to(totals.dtype)  # a float64 scale can overflow the totals' float32
+    return torch.where(torch.isfinite(scale), scale, torch.zeros_like(scale))
 
 
 def combined_advantages(

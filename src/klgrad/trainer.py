@@ -27,6 +27,7 @@ import pickle
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -683,6 +684,12 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
                 beta,
                 cfg,
                 save_ref=cfg.kl.reset_ref_every is not None,
+            )
+        if upd["skipped_updates"]:
+            tqdm.write(
+                f"klgrad train: step {step + 1}: non-finite loss or gradient, {upd['skipped_updates']} "
+                "update(s) skipped (weights and optimizer state untouched)",
+                file=sys.stderr,
             )
         consecutive_skips = consecutive_skips + 1 if upd["skipped_updates"] else 0
         if consecutive_skips >= cfg.train.max_skipped_steps:
