@@ -386,6 +386,8 @@ def objective_diagnostics(
     o = f(old_logp)
     ratio = importance_ratio(l, o, mask, spec.ratio_level, spec.max_log_ratio)  # (B, T)
     valid = ratio[mask]
+    if valid.numel() == 0:  # no response token at all: nothing to measure
+        valid = torch.ones(1, dtype=ratio.dtype)
     out["ratio_mean"] = float(valid.mean())
     out["ratio_max"] = float(valid.max())
     out["ratio_min"] = float(valid.min())

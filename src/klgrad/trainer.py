@@ -358,7 +358,11 @@ def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int,
     try:  # weights_only: tensors and plain containers only, never arbitrary pickled objects
         state = torch.load(path / "optim.pt", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:
-        raise ValueError(f"{path / 'optim.pt'}: refused to load (not a plain optimizer state): {e}") from e
+        # torch's message suggests weights_only=False: the wrong advice for a file we do not trust; omit it
+        raise ValueError(
+            f"{path / 'optim.pt'}: refused to load: it holds objects other than tensors and plain containers "
+            f"({type(e).__name__}); klgrad never unpickles arbitrary objects. Delete this checkpoint to fall back."
+        ) from e
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(state["torch_rng"])  # per-step sampling uses its own (seed, step) generator
@@ -505,6 +509,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
             start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)
+            (ckpt.parent / "latest").write_text(ckpt.name)  # repair a pointer left behind by a kill
         kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop steps after the checkpoint
         run_dir.mkdir(parents=True, exist_ok=True)
         metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
