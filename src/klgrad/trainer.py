@@ -542,6 +542,12 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         dynamic_ncols=True,
     )
     done_here = consecutive_skips = 0
+
+    def checkpoint(at_step: int) -> Path:
+        return save_checkpoint(
+            run_dir, at_step, policy, ref, optimizer, scheduler, beta, cfg, save_ref=cfg.kl.reset_ref_every is not None
+        )
+
     has_reference_eval = any(r["step"] == 0 for r in read_jsonl(metrics_path))
     if start == 0 and not has_reference_eval:  # the reference's own held-out evaluation, before any update
         policy.eval()
@@ -679,17 +685,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             acc=f"{rec.get('eval/greedy_accuracy', float('nan')):.2f}",
         )
         if (step + 1) % cfg.train.save_every == 0 or last:
-            save_checkpoint(
-                run_dir,
-                step + 1,
-                policy,
-                ref,
-                optimizer,
-                scheduler,
-                beta,
-                cfg,
-                save_ref=cfg.kl.reset_ref_every is not None,
-            )
+            checkpoint(step + 1)
         if upd["skipped_updates"]:
             tqdm.write(
                 f"klgrad train: step {step + 1}: non-finite loss or gradient, {upd['skipped_updates']} "
@@ -699,17 +695,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         consecutive_skips = consecutive_skips + 1 if upd["skipped_updates"] else 0
         if consecutive_skips >= cfg.train.max_skipped_steps:
             # skipped updates changed nothing, so the current weights are the last good ones: keep them
-            ckpt = save_checkpoint(
-                run_dir,
-                step + 1,
-                policy,
-                ref,
-                optimizer,
-                scheduler,
-                beta,
-                cfg,
-                save_ref=cfg.kl.reset_ref_every is not None,
-            )
+            ckpt = checkpoint(step + 1)
             raise RuntimeError(
                 f"non-finite loss or gradient in {consecutive_skips} consecutive steps (up to step {step + 1}); "
                 f"stopped. The last good weights are in {ckpt}; continue with --resume {run_dir}"
