@@ -79,11 +79,6 @@ def expm1_linear_tail(x: Tensor, cap: float = EXP_CAP) -> Tensor:
     return torch.where(x <= cap, torch.expm1(x.clamp(max=cap)), exp_linear_tail(x, cap) - 1.0)
 
 
-def _exp_slope(x: Tensor, cap: float = EXP_CAP) -> Tensor:
-    """d/dx exp_linear_tail(x) = exp(min(x, cap))."""
-    return torch.exp(x.clamp(max=cap))
-
-
 def _straight_through_cap(x: Tensor, cap: float) -> Tensor:
     """min(x, cap) in value, identity in gradient (the gradient is never zeroed)."""
     return x - (x - cap).clamp(min=0).detach()
