@@ -125,3 +125,48 @@ def test_seeded_sampling_is_reproducible_and_top_p_restricts_support(model):
 def test_unknown_engine():
     with pytest.raises(ValueError, match=r"rollout\.engine"):
         make_sampler("vllm2", EOS, PAD)
+
+
+def test_inverse_cdf_draw_hits_each_token_with_its_probability():
+    """A grid of K uniforms (k + 0.5)/K must land on token v exactly round(K·p_v) times (up to one per edge)."""
+    from klgrad.rollout.samplers import _sample
+
+    p = torch.tensor([0.5, 0.0, 0.25, 0.125, 0.125])
+    k = 4096
+    logits = p.clamp_min(1e-45).log().expand(k, -1).clone()
+    logits[:, 1] = -torch.inf  # a zero-probability token must never be drawn
+    u = (torch.arange(k, dtype=torch.float32) + 0.5) / k
+    tok, lp = _sample(logits, 1.0, 1.0, False, u)
+    counts = torch.bincount(tok, minlength=5).float()
+    assert counts[1] == 0
+    assert torch.allclose(counts / k, p, atol=1.0 / k)
+    assert torch.allclose(lp, p.log()[tok])
+
+
+def test_top_p_draw_never_leaves_the_nucleus():
+    from klgrad.rollout.samplers import _sample
+
+    p = torch.tensor([0.6, 0.3, 0.06, 0.04])
+    u = torch.linspace(0, 1 - 1e-7, 1000)
+    tok, _ = _sample(p.log().expand(1000, -1), 1.0, 0.85, False, u)  # nucleus = {0, 1}
+    counts = torch.bincount(tok, minlength=4)
+    assert counts[2] == counts[3] == 0
+    assert abs(counts[0] / 1000 - 2 / 3) < 2e-3
+
+
+def test_rows_draw_the_same_tokens_whatever_the_batch_split(model):
+    """Given per-row uniforms, a row's response depends on its own prompt only: halves of a batch sampled apart
+    equal the whole batch (what makes a run split over processes draw what one process draws)."""
+    ids, mask = prompts()
+    s = KVCacheSampler(EOS, PAD)
+    u = torch.rand(6, 6, generator=torch.Generator().manual_seed(3))
+    whole = s.generate(model, ids, mask, group_size=2, max_new_tokens=6, uniforms=u)
+    first = s.generate(model, ids[:1], mask[:1], group_size=2, max_new_tokens=6, uniforms=u[:2])
+    rest = s.generate(model, ids[1:], mask[1:], group_size=2, max_new_tokens=6, uniforms=u[2:])
+    t1, t2 = first.response_ids.shape[1], rest.response_ids.shape[1]
+    assert torch.equal(whole.response_ids[:2, :t1], first.response_ids)
+    assert torch.equal(whole.response_ids[2:, :t2], rest.response_ids)
+    assert not whole.response_mask[:2, t1:].any()
+    assert not whole.response_mask[2:, t2:].any()
+    with pytest.raises(ValueError, match="uniforms must be"):
+        s.generate(model, ids, mask, group_size=2, max_new_tokens=6, uniforms=u[:5])

@@ -71,13 +71,23 @@ class Sampler(Protocol):
         top_p: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        uniforms: Tensor | None = None,
     ) -> Rollout: ...
 
 
-def _sample(
-    logits: Tensor, temperature: float, top_p: float, greedy: bool, generator: torch.Generator | None
-) -> tuple[Tensor, Tensor]:
-    """Draw one token per row from logits (N, V); return (tokens (N,), log-prob at temperature (N,))."""
+def _check_uniforms(uniforms: Tensor, n: int, max_new_tokens: int) -> Tensor:
+    if uniforms.shape != (n, max_new_tokens):
+        raise ValueError(f"uniforms must be (N, max_new_tokens) = ({n}, {max_new_tokens}), got {tuple(uniforms.shape)}")
+    return uniforms
+
+
+def _sample(logits: Tensor, temperature: float, top_p: float, greedy: bool, u: Tensor) -> tuple[Tensor, Tensor]:
+    """Draw one token per row from logits (N, V) by inverse CDF; return (tokens (N,), log-prob at temperature (N,)).
+
+    Row n takes the first token v with F_n(v) > u_n·F_n(V), F_n the cumulative (top-p truncated) probabilities
+    and ``u`` (N,) uniforms in [0, 1). One uniform per row and step, whatever the vocabulary: the draw of a
+    row depends only on its own logits and uniform, so a batch split across processes draws the same tokens.
+    """
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)  # (N, V)
     if greedy:
         tok = logprobs.argmax(-1)  # (N,)
@@ -88,8 +98,19 @@ def _sample(
             drop = sorted_p.cumsum(-1) - sorted_p > top_p  # (N, V) keep the smallest set with mass >= top_p
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)  # (N, V)
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (N,)
+        cdf = probs.cumsum(-1)  # (N, V)
+        target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]  # (N, 1)
+        tok = (cdf <= target).sum(-1).clamp(max=probs.shape[-1] - 1)  # (N,) first v with F(v) > u·F(V)
+        # a zero-probability token can only be hit through float ties at the edge: step back to a live one
+        dead = probs.gather(-1, tok[:, None]).squeeze(-1) == 0  # (N,)
+        if bool(dead.any()):
+            tok = torch.where(dead, probs.argmax(-1), tok)
     return tok, logprobs.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def draw_uniforms(n: int, max_new_tokens: int, generator: torch.Generator | None) -> Tensor:
+    """(n, max_new_tokens) uniforms in [0, 1): the only randomness a sampler uses (row n, step t -> u[n, t])."""
+    return torch.rand(n, max_new_tokens, generator=generator)
 
 
 def _finish(
@@ -135,7 +156,9 @@ class KVCacheSampler:
         top_p: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        uniforms: Tensor | None = None,
     ) -> Rollout:
+        """``uniforms`` (P·G, max_new_tokens) in [0, 1), when given, replace draws from ``generator``."""
         from transformers import DynamicCache
 
         prompt_mask = prompt_mask.bool()
@@ -154,11 +177,15 @@ class KVCacheSampler:
         attn = prompt_mask.repeat_interleave(group_size, dim=0).long()  # (N, L)
         next_pos = position[:, -1:].repeat_interleave(group_size, dim=0) + 1  # (N, 1)
         n = attn.shape[0]
+        u_all = _check_uniforms(uniforms, n, max_new_tokens) if uniforms is not None else None
+        if u_all is None and not greedy:
+            u_all = draw_uniforms(n, max_new_tokens, generator)
         done = torch.zeros(n, dtype=torch.bool)
         tokens: list[Tensor] = []
         logps: list[Tensor] = []
         for step in range(max_new_tokens):
-            tok, lp = _sample(last_logits, temperature, top_p, greedy, generator)  # (N,), (N,)
+            u = u_all[:, step] if u_all is not None else None  # (N,)
+            tok, lp = _sample(last_logits, temperature, top_p, greedy, u)  # (N,), (N,)
             tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             tokens.append(tok)
             logps.append(torch.where(done, torch.zeros_like(lp), lp))
@@ -200,7 +227,10 @@ class HFGenerateSampler:
         top_p: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        uniforms: Tensor | None = None,
     ) -> Rollout:
+        if uniforms is not None:
+            raise ValueError("rollout.engine 'hf' draws from transformers' own RNG and cannot take uniforms")
         if generator is not None:  # generate draws from the global RNG: seed it from ours
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
         ids = prompt_ids.repeat_interleave(group_size, dim=0)
