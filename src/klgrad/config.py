@@ -70,8 +70,8 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["klgrad", "hf"] = "klgrad"
-    """Sampler: klgrad's KV-cache sampler or transformers generate."""
+    engine: Literal["klgrad", "hf", "vllm"] = "klgrad"
+    """Sampler: klgrad's KV-cache sampler, transformers generate, or vLLM (CUDA GPU + klgrad[vllm]; docs/vllm.md)."""
     prompts_per_step: int = 32
     """Prompts drawn per step."""
     group_size: int = 8
@@ -82,6 +82,10 @@ class RolloutConfig:
     """Sampling temperature; log-probs for training are taken at the same temperature."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 = off)."""
+    mismatch_correction: Literal["none", "token", "sequence"] = "none"
+    """Truncated IS for sampler-vs-trainer log-prob mismatch: w = min(π_trainer/π_sampler, cap) per token/response."""
+    mismatch_cap: float = 2.0
+    """Truncation cap C of the mismatch weights (> 0)."""
 
     def validate(self, at: str) -> None:
         _check(self.prompts_per_step >= 1, at, "prompts_per_step", "must be >= 1")
@@ -89,6 +93,12 @@ class RolloutConfig:
         _check(self.max_new_tokens >= 1, at, "max_new_tokens", "must be >= 1")
         _check(self.temperature > 0, at, "temperature", "must be > 0")
         _check(0 < self.top_p <= 1, at, "top_p", "must be in (0, 1]")
+        _check(self.mismatch_cap > 0, at, "mismatch_cap", "must be > 0")
+        if self.engine == "vllm":
+            from klgrad.rollout.vllm_engine import vllm_unavailable_reason
+
+            reason = vllm_unavailable_reason()
+            _check(reason is None, at, "engine", f"'vllm' cannot run here: {reason}")
 
 
 @dataclass

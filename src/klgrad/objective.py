@@ -299,8 +299,9 @@ def policy_objective(
     entropy: Tensor | None = None,
     num_sequences: int | None = None,
     num_tokens: int | float | None = None,
+    behaviour_weights: Tensor | None = None,
 ) -> ObjectiveTerms:
-    r"""loss = agg(reward head) + β·agg(KL head, decoupled only) - entropy_coef·agg(entropy).
+    r"""loss = agg(w ⊙ reward head) + β·agg(KL head, decoupled only) - entropy_coef·agg(entropy).
 
     Args:
         logp, ref_logp, mask: (B, T); ``logp`` carries gradient.
@@ -309,24 +310,34 @@ def policy_objective(
         old_logp: (B, T) behaviour log-probs, None when on-policy.
         entropy: (B, T) per-token entropy carrying gradient (needed when ``spec.entropy_coef > 0``).
         num_sequences, num_tokens: global normalisers for micro-batching (default: this batch's).
+        behaviour_weights: (B, T) detached per-token weights w multiplying the reward head's per-token loss
+            terms, e.g. the truncated importance weights of
+            :func:`klgrad.rollout.vllm_engine.mismatch_weights` that correct for a rollout engine whose
+            log-probs differ from the trainer's (TIS). The KL head is not reweighted (as in verl's TIS).
+            None (default) = all ones: results unchanged.
     """
     mask = mask.bool()
     agg = dict(mode=spec.aggregation, num_sequences=num_sequences, num_tokens=num_tokens)
-    pg = aggregate(
-        policy_gradient_loss(
-            logp,
-            adv,
-            mask,
-            old_logp=old_logp,
-            clip_eps_low=spec.clip_eps_low,
-            clip_eps_high=spec.clip_eps_high,
-            dual_clip=spec.dual_clip,
-            ratio_level=spec.ratio_level,
-            max_log_ratio=spec.max_log_ratio,
-        ),
+    pg_per_token = policy_gradient_loss(
+        logp,
+        adv,
         mask,
-        **agg,
-    )
+        old_logp=old_logp,
+        clip_eps_low=spec.clip_eps_low,
+        clip_eps_high=spec.clip_eps_high,
+        dual_clip=spec.dual_clip,
+        ratio_level=spec.ratio_level,
+        max_log_ratio=spec.max_log_ratio,
+    )  # (B, T)
+    if behaviour_weights is not None:
+        if behaviour_weights.shape != pg_per_token.shape:
+            raise ValueError(
+                f"behaviour_weights must have the shape of logp {tuple(pg_per_token.shape)}, "
+                f"got {tuple(behaviour_weights.shape)}"
+            )
+        w = torch.where(mask, behaviour_weights.detach().to(pg_per_token.dtype), 0.0)  # (B, T) padding never matters
+        pg_per_token = pg_per_token * w
+    pg = aggregate(pg_per_token, mask, **agg)
     kl = torch.zeros((), dtype=pg.dtype)
     if spec.form == "decoupled" and spec.head.style != "none" and spec.beta > 0:
         kl_totals = kl_loss_per_sequence(

@@ -257,11 +257,23 @@ class HFGenerateSampler:
         return _finish(tokens, logps, self.eos_id, self.pad_id, max_new_tokens, ids, mask)
 
 
-SAMPLERS = {"klgrad": KVCacheSampler, "hf": HFGenerateSampler}
+def _vllm_sampler(eos_id: int, pad_id: int, **options) -> Sampler:
+    """vLLM, imported only here (GPU machines; ``pip install 'klgrad[vllm]'``)."""
+    from klgrad.rollout.vllm_engine import VLLMSampler
+
+    return VLLMSampler(eos_id, pad_id, **options)
 
 
-def make_sampler(engine: str, eos_id: int, pad_id: int) -> Sampler:
-    """``klgrad`` (KV-cache) or ``hf`` (transformers generate)."""
+SAMPLERS = {"klgrad": KVCacheSampler, "hf": HFGenerateSampler, "vllm": _vllm_sampler}
+
+
+def make_sampler(engine: str, eos_id: int, pad_id: int, **options) -> Sampler:
+    """``klgrad`` (KV-cache), ``hf`` (transformers generate) or ``vllm`` (GPU; built lazily).
+
+    ``options`` go to the vLLM sampler only (see :class:`klgrad.rollout.vllm_engine.VLLMSampler`).
+    """
     if engine not in SAMPLERS:
         raise ValueError(f"rollout.engine must be one of {sorted(SAMPLERS)}, got {engine!r}")
-    return SAMPLERS[engine](eos_id, pad_id)
+    if options and engine != "vllm":
+        raise ValueError(f"rollout.engine {engine!r} takes no options, got {sorted(options)}")
+    return SAMPLERS[engine](eos_id, pad_id, **options)
