@@ -12,6 +12,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from klgrad.data import examples_to_columns, make_splits, sft_target
 from klgrad.rewards import (
@@ -361,3 +363,36 @@ def test_load_reward_fn():
 def test_load_reward_fn_errors_name_the_spec(spec, message):
     with pytest.raises(ValueError, match=re.escape(repr(spec)) + ".*" + message):
         load_reward_fn(spec)
+
+
+@given(
+    c=st.from_regex(r"\A[ ]?0{0,2}[0-9]{1,28}[ \n]?\Z"),
+    a=st.from_regex(r"\A0{0,2}[0-9]{1,28}\Z"),
+)
+@settings(max_examples=150, deadline=None)
+def test_plain_integer_fast_path_agrees_with_math_verify(c, a):
+    """The fast path must give exactly Math-Verify's verdict wherever it answers (leading zeros, signs)."""
+    from klgrad.rewards.accuracy import _score, plain_integer_verdict
+
+    fast = plain_integer_verdict(c, a)
+    assert fast is not None
+    assert fast == _score(c, a)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer"),
+    [
+        ("81.0", "81"),
+        ("80+1", "81"),
+        ("+81", "81"),
+        ("-7", "-7"),
+        ("\\boxed{81}", "81"),
+        ("81", "\\frac{162}{2}"),
+        ("x=81", "81"),
+        ("", "1"),
+    ],
+)
+def test_plain_integer_fast_path_declines_anything_else(completion, answer):
+    from klgrad.rewards.accuracy import plain_integer_verdict
+
+    assert plain_integer_verdict(completion, answer) is None

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -75,6 +76,34 @@ def _pred_config() -> list[Any]:
 def _parse_gold(answer: str) -> list[Any]:
     mv = _math_verify()
     return mv.parse(answer, extraction_config=_pred_config(), parsing_timeout=None)
+
+
+_PLAIN_INT = re.compile(r"[0-9]{1,30}")
+
+
+def plain_integer_verdict(completion: str, answer: str) -> float | None:
+    """Math-Verify's verdict without Math-Verify when both sides are plain integers, else None.
+
+    When the stripped completion and the stripped gold are each a lone unsigned integer (digits only, at most
+    30), Math-Verify extracts exactly that number from each and compares the values, so the reward is
+    ``1.0 if int(completion) == int(answer) else 0.0`` (``"081"`` equals ``"81"``). Signs are left to
+    Math-Verify, whose verdicts there are not plain integer equality (measured with math-verify 0.9:
+    ``"+5"`` vs ``"5"`` and ``"-007"`` vs ``"-7"`` score 0). Anything else (signs, text, LaTeX, decimals,
+    expressions) returns None and goes to Math-Verify.
+    Measured: about 1 µs per item against a few hundred µs for Math-Verify's parse and verify.
+    """
+    c, a = completion.strip(), answer.strip()
+    if _PLAIN_INT.fullmatch(c) and _PLAIN_INT.fullmatch(a):
+        return 1.0 if int(c) == int(a) else 0.0
+    return None
+
+
+@lru_cache(maxsize=1)
+def _warm_up() -> None:
+    """Import Math-Verify and run one trivial check outside any deadline: the first call pays for importing
+    sympy and building the LaTeX grammar (about a second, more on a loaded machine), which must not count
+    against the first completion's time bound."""
+    _score("1", "1")
 
 
 def _score(completion: str, answer: str) -> float:
@@ -252,8 +281,14 @@ def math_verify_reward(
     items: list[tuple[str, str]] = []
     for i, (completion, answer) in enumerate(zip(completions, answers, strict=True)):
         if isinstance(completion, str) and isinstance(answer, str) and completion.strip() and answer.strip():
+            fast = plain_integer_verdict(completion, answer)
+            if fast is not None:  # both plain integers: the verdict Math-Verify would give, without it
+                rewards[i] = fast
+                continue
             todo.append(i)
             items.append((completion[-max_chars:], answer))
+    if items:
+        _warm_up()
     if _alarm_usable():
         values = [_score_under_alarm(c, a, timeout_s) for c, a in items]
     else:
@@ -267,7 +302,7 @@ def _worker_main() -> None:
     """Child-process loop: one JSON request per stdin line, one reward per stdout line."""
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing but replies may reach the parent's pipe
-    _pred_config()
+    _warm_up()
     import signal
 
     alarm = hasattr(signal, "setitimer")
