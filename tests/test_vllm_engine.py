@@ -182,3 +182,19 @@ def test_config_mismatch_fields():
 def test_other_engines_take_no_options():
     with pytest.raises(ValueError, match="takes no options"):
         make_sampler("klgrad", 1, 0, model_path="x")
+
+
+def test_weight_change_detector_sees_optimizer_steps_and_loads():
+    # VLLMSampler.generate re-syncs when these version counters move: every in-place write must move them
+    from klgrad.rollout.vllm_engine import _param_versions
+
+    model = torch.nn.Linear(3, 2)
+    before = _param_versions(model)
+    assert _param_versions(model) == before  # reading changes nothing
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    after_step = _param_versions(model)
+    assert all(a != b for a, b in zip(after_step, before, strict=True))
+    model.load_state_dict(model.state_dict())
+    assert _param_versions(model) != after_step

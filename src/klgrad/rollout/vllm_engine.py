@@ -105,7 +105,10 @@ class VLLMSampler:
     The engine is created on the first :meth:`generate` from ``model_path`` (default: the policy's
     ``name_or_path``, the local HF directory it was loaded from), with ``logprobs_mode="processed_logprobs"`` so
     that the returned log-probs are at the sampling temperature, then immediately given the policy's current
-    weights. Call :meth:`sync_weights` after every optimizer step (and after loading a checkpoint).
+    weights. Call :meth:`sync_weights` after every optimizer step (and after loading a checkpoint); as a guard,
+    :meth:`generate` also syncs by itself when any parameter was modified in place since the last sync (torch's
+    per-tensor version counters, which every optimizer step and ``load_state_dict`` bump), so it never samples
+    from stale weights.
 
     Args:
         eos_id, pad_id: token ids (as for the other samplers).
@@ -148,6 +151,7 @@ class VLLMSampler:
             **llm_kwargs,
         )
         self.llm = None
+        self._synced: tuple[int, ...] | None = None  # parameter version counters at the last sync
 
     # -- engine -------------------------------------------------------------------------------------------
 
@@ -192,6 +196,7 @@ class VLLMSampler:
         vllm_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
         vllm_model.load_weights((name, p.detach()) for name, p in model.state_dict().items())
         self.llm.reset_prefix_cache()
+        self._synced = _param_versions(model)
 
     # -- sampling -----------------------------------------------------------------------------------------
 
@@ -219,6 +224,8 @@ class VLLMSampler:
         from vllm import SamplingParams
 
         llm = self._engine(model)
+        if _param_versions(model) != self._synced:  # updated in place since the last sync: never sample stale
+            self.sync_weights(model)
         prompt_mask = prompt_mask.bool()
         base_seed = 0 if generator is None else int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
         requests, params = [], []
@@ -261,6 +268,11 @@ class VLLMSampler:
         rep_ids = prompt_ids.repeat_interleave(group_size, dim=0)
         rep_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         return Rollout(rep_ids, rep_mask, resp, mask, logp, truncated)
+
+
+def _param_versions(model: torch.nn.Module) -> tuple[int, ...]:
+    """torch's in-place version counter of every parameter: changes whenever a weight is written."""
+    return tuple(p._version for p in model.parameters())
 
 
 def _free_port() -> int:

@@ -1,0 +1,177 @@
+"""Generated documentation: ``python -m klgrad.docs`` writes docs/math.md and docs/configuration.md.
+
+The tables come from the code itself (the head registry with each head's formulas, verdict and per-level
+gradient targets; the level, form, ratio-level and aggregation choices), so a test can assert that the committed
+files equal what this module generates: the docs cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+from klgrad.kl import KL_HEADS, LEVELS, RATIO_LEVELS, KLHead, Target
+from klgrad.objective import AGGREGATIONS, FORMS
+
+STYLE_TEXT = {"in_reward": "in reward", "as_loss": "as loss", "none": "—"}
+
+TARGET_TEXT: dict[str, str] = {
+    "rkl": "∇KL(π‖π_ref) over whole responses: the exact reverse-KL gradient",
+    "fkl": "∇KL(π_ref‖π) over whole responses: the *forward* KL, biased for the reverse KL",
+    "mse": "∇ ½ Σ_y (π(y) - π_ref(y))²: an MSE distance, not a KL",
+    "local_rkl": "Σ_t E_{y<t}[∇KL(π(·|y<t)‖π_ref(·|y<t))] with the prefix distribution held fixed: per-step reverse "
+    "KL, biased (the effect of today's token on future prefixes is dropped)",
+    "local_fkl": "per-step forward KL, prefix distribution held fixed",
+    "local_mse": "per-step MSE distance, prefix distribution held fixed",
+    "expected_length": "∇E_π[|y|]: pressure on response length, independent of π_ref",
+    "zero": "no gradient in expectation (only zero-mean noise)",
+}
+"""What each expected-gradient target of :data:`klgrad.kl.Target` means (kl.py's module docstring)."""
+
+LEVEL_TEXT: dict[str, str] = {
+    "sequence": "the paper's bandit view: the head acts on the summed log-ratio U = Σ_t m_t u_t; every response "
+    "token gets the same coefficient c(U) (as loss: ψ of the summed log-probs). Here k2_as_loss ≡ k1_in_reward "
+    "exactly, per sample.",
+    "token_to_go": "per-token KL in the reward, summed as a return (PPO / REINFORCE++): token t gets "
+    "Σ_{t'≥t} m_t' c(u_t'). For k1 this is an unbiased, lower-variance estimate of the sequence reverse-KL "
+    "gradient.",
+    "token": "what GRPO, TRL and verl do: token t gets c(u_t) alone. For k2 this is NOT the sequence reverse-KL "
+    "gradient (the future terms are missing); klgrad measures the difference.",
+}
+"""SPEC §5, one entry per level of :data:`klgrad.kl.LEVELS`."""
+
+FORM_TEXT: dict[str, str] = {
+    "combined": "A = shape(R - β·c): the coefficient is merged into the reward *before* baseline and "
+    "normalisation, then one (clipped) policy-gradient head. Levels `sequence` and `token_to_go` (`token` is not "
+    "a return).",
+    "decoupled": "A = shape(R) drives the reward head; the KL head is a separate loss with β outside, never "
+    "normalised. All levels.",
+}
+"""SPEC §6, one entry per form of :data:`klgrad.objective.FORMS`."""
+
+RATIO_LEVEL_TEXT: dict[str, str] = {
+    "token": "ρ_t = exp(l_t - o_t), one ratio per token.",
+    "sequence": "ρ = exp(Σ_t m_t (l_t - o_t)), one ratio per response (unbiased importance sampling of whole "
+    "responses).",
+}
+"""SPEC §7, one entry per ratio level of :data:`klgrad.kl.RATIO_LEVELS`."""
+
+AGGREGATION_TEXT: dict[str, str] = {
+    "seq_mean_token_sum": "(1/B) Σ_i Σ_t m ℓ (the paper's sequence view; default)",
+    "token_mean": "Σ_i Σ_t m ℓ / Σ_i Σ_t m",
+    "seq_mean_token_mean": "(1/B) Σ_i (Σ_t m ℓ / Σ_t m)",
+}
+"""One entry per aggregation of :data:`klgrad.objective.AGGREGATIONS`."""
+
+
+def _code(x: str) -> str:
+    return x if x in ("—", "") else f"`{x}`"
+
+
+def head_table(heads: dict[str, KLHead] = KL_HEADS) -> str:
+    """SPEC §4's table, built from the head classes: name, style, penalty ψ, coefficient c, verdict."""
+    rows = ["| name | style | penalty ψ(l, r) | coefficient c(l̄, r) | verdict |", "|---|---|---|---|---|"]
+    for h in heads.values():
+        rows.append(
+            f"| `{h.name}` | {STYLE_TEXT[h.style]} | {_code(h.penalty_formula)} | {_code(h.coefficient_formula)} "
+            f"| {h.verdict} |"
+        )
+    return "\n".join(rows)
+
+
+def target_table(heads: dict[str, KLHead] = KL_HEADS) -> str:
+    """Each head's expected on-policy gradient at each level (``head.targets``; the audit checks these)."""
+    rows = ["| head | " + " | ".join(f"`{lv}`" for lv in LEVELS) + " |", "|---|" + "---|" * len(LEVELS)]
+    for h in heads.values():
+        cells = [f"`{h.targets[lv]}`" if h.targets.get(lv) else "no named divergence" for lv in LEVELS]
+        rows.append(f"| `{h.name}` | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _bullets(text: dict[str, str], choices: tuple[str, ...]) -> str:
+    missing = set(choices) ^ set(text)
+    if missing:  # a new choice in the code without a description here fails loudly
+        raise KeyError(f"docs text out of step with the code for {sorted(missing)}")
+    return "\n".join(f"- `{c}`: {text[c]}" for c in choices)
+
+
+def math_markdown() -> str:
+    """The whole of docs/math.md."""
+    return "\n".join(
+        [
+            "# The math: heads, levels, forms",
+            "",
+            "Generated from the code (`src/klgrad/kl.py`, `src/klgrad/objective.py`) by `python -m klgrad.docs`; "
+            "a test fails when this file drifts. Notation (SPEC §2): per token, the policy's log-prob l (carries "
+            "gradient), its detached copy l̄, the reference's r, the behaviour (rollout) policy's o, mask m; "
+            "u = l̄ - r.",
+            "",
+            "## KL heads",
+            "",
+            "A head is a scalar rule on (logp, ref_logp). Each has an in-reward coefficient c, a detached weight on "
+            "the score function ∇l. An *as loss* head also has a differentiable penalty ψ, and its coefficient is "
+            "c = ∂ψ/∂l at the detached l̄ (paper eq. kn′). `klgrad.custom_kl_head(psi)` makes a head from any "
+            "differentiable penalty, its coefficient by autograd.",
+            "",
+            head_table(),
+            "",
+            "Numerics: exponentials continue linearly above e^20 (`exp_linear_tail`), so every head is exact for "
+            "|u| ≤ 20 and finite, with gradients of the right sign, far beyond; no clamp zeroes a gradient.",
+            "",
+            "## Where a head acts: level",
+            "",
+            _bullets(LEVEL_TEXT, LEVELS),
+            "",
+            "Expected on-policy gradient of every (head, level) pair, as documented on the head and checked "
+            "by exact enumeration in `klgrad audit`:",
+            "",
+            target_table(),
+            "",
+            "Targets:",
+            "",
+            _bullets(TARGET_TEXT, get_args(Target)),
+            "",
+            "## How a head joins the reward: form",
+            "",
+            _bullets(FORM_TEXT, FORMS),
+            "",
+            "## Off-policy: importance sampling and the clip side",
+            "",
+            "An as-loss head differentiated directly is correct only on-policy. Off-policy (several updates per "
+            "rollout, or a rollout engine that differs from the trainer), klgrad converts every head to its "
+            "coefficient c, recomputed from the *current* detached log-probs at every epoch, and applies it as a "
+            "score-function head with importance sampling and clipping. A penalty is an advantage of -c, so the "
+            "PPO-consistent KL loss (to minimise) is β·E[max(ρ·c, clip(ρ, 1-ε, 1+ε)·c)]; the paper's "
+            "min(ρc, clip(ρ)c) clips the wrong side (SPEC §7). Ratio levels:",
+            "",
+            _bullets(RATIO_LEVEL_TEXT, RATIO_LEVELS),
+            "",
+            "Log-ratios are capped in value only (straight-through), so ρ never overflows and its gradient is "
+            "never zeroed. `kl.is_correction: false` reproduces the common bug (as-loss head differentiated "
+            "off-policy without IS), for comparisons only.",
+            "",
+            "## Aggregation",
+            "",
+            "Per-token losses ℓ (B, T) become a scalar in a separate, named step; the global normalisers are "
+            "computed before micro-batching, so the result does not depend on the micro-batch size.",
+            "",
+            _bullets(AGGREGATION_TEXT, AGGREGATIONS),
+            "",
+        ]
+    )
+
+
+def write_all(root: str | Path = ".") -> list[Path]:
+    """Regenerate docs/math.md and docs/configuration.md under ``root``; returns the paths written."""
+    from klgrad.config import write_reference
+
+    docs = Path(root) / "docs"
+    math_path, config_path = docs / "math.md", docs / "configuration.md"
+    math_path.write_text(math_markdown(), encoding="utf-8")
+    write_reference(config_path)
+    return [math_path, config_path]
+
+
+if __name__ == "__main__":
+    for p in write_all():
+        print(f"wrote {p}")

@@ -1,0 +1,71 @@
+"""Generated docs: docs/math.md equals what ``python -m klgrad.docs`` writes from the code, and every head,
+level, form, ratio level and aggregation the code knows is described there."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from klgrad import docs
+from klgrad.kl import KL_HEADS, LEVELS, Target
+from klgrad.objective import FORMS
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_docs_math_is_up_to_date():
+    committed = (ROOT / "docs" / "math.md").read_text(encoding="utf-8")
+    assert committed == docs.math_markdown(), "docs/math.md is stale: run `python -m klgrad.docs`"
+
+
+def test_head_table_has_one_complete_row_per_registered_head():
+    rows = docs.head_table().splitlines()[2:]
+    assert [re.match(r"\| `([^`]+)`", r).group(1) for r in rows] == list(KL_HEADS)
+    for h in KL_HEADS.values():
+        assert h.coefficient_formula, h.name
+        assert h.verdict, h.name
+        assert (h.penalty_formula == "—") == (h.style != "as_loss"), h.name
+
+
+def test_head_table_rows_read_as_spec_section_4():
+    # the two rows whose verdicts the paper is about, cell by cell
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in docs.head_table().splitlines()}
+    assert rows["`k2_as_loss`"] == ["as loss", "`½(l - r)²`", "`u`", "exact; per-sample identical to k1_in_reward"]
+    assert rows["`k3_as_loss`"][:3] == ["as loss", "`exp(r - l) - 1 + (l - r)`", "`1 - exp(-u)`"]
+
+
+def test_every_choice_in_the_code_is_described():
+    assert set(docs.LEVEL_TEXT) == set(LEVELS)
+    assert set(docs.FORM_TEXT) == set(FORMS)
+    assert set(docs.TARGET_TEXT) == set(get_args(Target))
+    text = docs.math_markdown()
+    for h in KL_HEADS.values():
+        for target in h.targets.values():
+            assert target is None or f"`{target}`" in text
+
+
+def test_a_choice_without_a_description_fails_loudly():
+    with pytest.raises(KeyError, match="out of step"):
+        docs._bullets({"a": "x"}, ("a", "b"))
+
+
+def test_write_all_writes_both_generated_files(tmp_path):
+    (tmp_path / "docs").mkdir()
+    paths = docs.write_all(tmp_path)
+    assert [p.name for p in paths] == ["math.md", "configuration.md"]
+    assert paths[0].read_text(encoding="utf-8") == docs.math_markdown()
+    assert paths[1].read_text(encoding="utf-8") == (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", ["index.md", "quickstart.md", "math.md", "vllm.md"])
+def test_relative_links_resolve(name):
+    page = ROOT / "docs" / name
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8"))
+    optional = {"trl.md", "verl.md", "performance.md", "distributed.md"}  # written in parallel by others
+    for link in links:
+        if "://" in link or (link in optional and not (page.parent / link).exists()):
+            continue
+        assert (page.parent / link).exists(), f"{name}: broken link {link}"
