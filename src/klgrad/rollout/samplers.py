@@ -19,6 +19,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from klgrad.rollout.fast_decode import FastDecoder, unsupported_reason
+
 
 @dataclass
 class Rollout:
@@ -136,12 +138,18 @@ def _finish(
 class KVCacheSampler:
     """klgrad's batched sampler: prefill each prompt once, copy its KV cache to the G samples, decode.
 
-    Works with any HF causal LM that accepts ``past_key_values`` and ``position_ids``. Decoding stops when
-    every response has produced EOS or after ``max_new_tokens`` steps.
+    Llama-family models (llama, qwen2, mistral; see :mod:`klgrad.rollout.fast_decode`) decode through
+    :class:`~klgrad.rollout.fast_decode.FastDecoder`, a functional forward on the model's own weights with a
+    static cache; ``fast=False``, or any other HF causal LM that accepts ``past_key_values`` and
+    ``position_ids``, uses the transformers forward with a ``DynamicCache``. Decoding stops when every
+    response has produced EOS or after ``max_new_tokens`` steps.
     """
 
-    def __init__(self, eos_id: int, pad_id: int) -> None:
-        self.eos_id, self.pad_id = eos_id, pad_id
+    def __init__(self, eos_id: int, pad_id: int, *, fast: bool = True) -> None:
+        self.eos_id, self.pad_id, self.fast = eos_id, pad_id, fast
+
+    def uses_fast_path(self, model: torch.nn.Module) -> bool:
+        return self.fast and unsupported_reason(model) is None
 
     @torch.no_grad()
     def generate(
@@ -159,24 +167,14 @@ class KVCacheSampler:
         uniforms: Tensor | None = None,
     ) -> Rollout:
         """``uniforms`` (P·G, max_new_tokens) in [0, 1), when given, replace draws from ``generator``."""
-        from transformers import DynamicCache
-
         prompt_mask = prompt_mask.bool()
-        position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)  # (P, L) left padding allowed
-        cache = DynamicCache()
-        out = model(
-            input_ids=prompt_ids,
-            attention_mask=prompt_mask.long(),
-            position_ids=position,
-            past_key_values=cache,
-            use_cache=True,
-        )  # prefill once per prompt
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(group_size)  # (P·G, ...) every sample shares its prompt's prefill
-        last_logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # (N, V)
-        attn = prompt_mask.repeat_interleave(group_size, dim=0).long()  # (N, L)
-        next_pos = position[:, -1:].repeat_interleave(group_size, dim=0) + 1  # (N, 1)
-        n = attn.shape[0]
+        if self.uses_fast_path(model):
+            decoder = FastDecoder(model)
+            last_logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)  # (N, V)
+            advance = decoder.step
+        else:
+            last_logits, advance = _hf_decoder(model, prompt_ids, prompt_mask, group_size)
+        n = last_logits.shape[0]
         u_all = _check_uniforms(uniforms, n, max_new_tokens) if uniforms is not None else None
         if u_all is None and not greedy:
             u_all = draw_uniforms(n, max_new_tokens, generator)
@@ -192,20 +190,45 @@ class KVCacheSampler:
             done = done | (tok == self.eos_id)
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            attn = torch.cat([attn, torch.ones(n, 1, dtype=attn.dtype)], dim=1)  # (N, L + step + 1)
-            out = model(
-                input_ids=tok[:, None],
-                attention_mask=attn,
-                position_ids=next_pos,
-                past_key_values=cache,
-                use_cache=True,
-            )
-            cache = out.past_key_values
-            last_logits = out.logits[:, -1]  # (N, V)
-            next_pos = next_pos + 1
+            last_logits = advance(tok)  # (N, V)
         rep_ids = prompt_ids.repeat_interleave(group_size, dim=0)
         rep_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         return _finish(tokens, logps, self.eos_id, self.pad_id, max_new_tokens, rep_ids, rep_mask)
+
+
+def _hf_decoder(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int):
+    """Prefill through the transformers forward; returns (N, V) logits and a ``step(tokens) -> logits``."""
+    from transformers import DynamicCache
+
+    position = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)  # (P, L) left padding allowed
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask.long(),
+        position_ids=position,
+        past_key_values=DynamicCache(),
+        use_cache=True,
+    )  # prefill once per prompt
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(group_size)  # (P·G, ...) every sample shares its prompt's prefill
+    state = {
+        "attn": prompt_mask.repeat_interleave(group_size, dim=0).long(),  # (N, L + steps)
+        "pos": position[:, -1:].repeat_interleave(group_size, dim=0) + 1,  # (N, 1)
+    }
+
+    def step(tok: Tensor) -> Tensor:
+        n = tok.shape[0]
+        state["attn"] = torch.cat([state["attn"], torch.ones(n, 1, dtype=torch.long)], dim=1)
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=state["attn"],
+            position_ids=state["pos"],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        state["pos"] = state["pos"] + 1
+        return out.logits[:, -1]  # (N, V)
+
+    return out.logits[:, -1].repeat_interleave(group_size, dim=0), step
 
 
 class HFGenerateSampler:

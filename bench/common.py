@@ -1,0 +1,102 @@
+"""Shared benchmark plumbing: machine facts, warm-up + alternating timing, medians, tables and JSON.
+
+Benchmarks are not tests: they print a table of medians and ratios measured in the same process run, each
+pair of contenders alternated (A B A B ...) after warm-up, so drift of the machine hits both alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import transformers
+
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def alternate(fns: dict[str, Callable[[], object]], *, warmup: int = 2, repeats: int = 7) -> dict[str, list[float]]:
+    """Time each function ``repeats`` times, interleaved (a b c a b c ...), after ``warmup`` untimed rounds.
+
+    Returns the wall-clock seconds of every timed call, per name.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """Achieved fp32 GFLOP/s of an n×n×n matmul (2n³ flops), best of ``repeats`` after one warm-up: the peak
+    the update phase is compared with, measured in the same run."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def print_table(title: str, header: list[str], rows: list[list[object]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for h in header:
+        table.add_column(h, justify="right" if h != header[0] else "left")
+    for r in rows:
+        table.add_row(*[_fmt(x) for x in r])
+    Console(width=140).print(table)
+
+
+def _fmt(x: object) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return str(x)
+
+
+def write_json(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **payload}, indent=1))
+    return path
