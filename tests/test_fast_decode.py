@@ -1,0 +1,114 @@
+"""The fast functional decoder reproduces the transformers forward it replaces (Llama with GQA, Qwen2 with
+q/k/v biases, left padding, many steps) and declines what it does not implement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from klgrad.rollout.fast_decode import FastDecoder, unsupported_reason
+from klgrad.rollout.samplers import KVCacheSampler
+
+PAD, BOS, EOS = 0, 1, 2
+COMMON = dict(
+    vocab_size=23,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # grouped-query attention: 2 query heads per key/value head
+    max_position_embeddings=64,
+    pad_token_id=PAD,
+    bos_token_id=BOS,
+    eos_token_id=EOS,
+)
+
+
+def llama():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**COMMON, tie_word_embeddings=True)
+    cfg._attn_implementation = "eager"
+    return LlamaForCausalLM(cfg).eval()
+
+
+def qwen2():
+    torch.manual_seed(1)
+    cfg = Qwen2Config(**COMMON, tie_word_embeddings=False, rope_theta=1000.0)
+    cfg._attn_implementation = "eager"
+    m = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # non-zero biases, so a path that ignored them would fail
+        for layer in m.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return m
+
+
+def full_forward_logits(model, ids, mask):
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits
+
+
+@pytest.mark.parametrize("make", [llama, qwen2])
+def test_prefill_and_steps_equal_a_full_forward(make):
+    model = make()
+    assert unsupported_reason(model) is None
+    prompts = torch.tensor([[PAD, PAD, BOS, 5, 6], [BOS, 7, 8, 9, 4], [PAD, BOS, 3, 3, 11]])
+    mask = prompts != PAD
+    g, steps = 2, 6
+    dec = FastDecoder(model)
+    logits = [dec.prefill(prompts, mask, g, steps)]  # (N, V) each
+    gen = torch.Generator().manual_seed(0)
+    toks = []
+    for _ in range(steps - 1):
+        t = torch.randint(3, 23, (prompts.shape[0] * g,), generator=gen)
+        toks.append(t)
+        logits.append(dec.step(t))
+    ids = torch.cat([prompts.repeat_interleave(g, 0), torch.stack(toks, 1)], 1)
+    full_mask = torch.cat([mask.repeat_interleave(g, 0), torch.ones(ids.shape[0], steps - 1, dtype=torch.bool)], 1)
+    ref = full_forward_logits(model, ids, full_mask)[:, prompts.shape[1] - 1 :]  # (N, steps, V)
+    torch.testing.assert_close(torch.stack(logits, 1), ref, rtol=0, atol=2e-5)
+    dec.step(toks[0])  # the last free slot
+    with pytest.raises(RuntimeError, match="cache full"):
+        dec.step(toks[0])
+
+
+def test_weights_are_read_live_not_copied():
+    """An optimizer step between rollouts must be seen: the decoder holds the model's parameters, not copies."""
+    model = llama()
+    prompts = torch.tensor([[BOS, 5, 6]])
+    mask = prompts != PAD
+    before = FastDecoder(model).prefill(prompts, mask, 1, 1)
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight.add_(0.1)
+    after = FastDecoder(model).prefill(prompts, mask, 1, 1)
+    torch.testing.assert_close(after, full_forward_logits(model, prompts, mask)[:, -1], rtol=0, atol=2e-5)
+    assert not torch.allclose(before, after)
+
+
+def test_sampler_fast_and_transformers_paths_draw_the_same_tokens():
+    model = llama()
+    prompts = torch.tensor([[PAD, BOS, 5, 6], [BOS, 7, 8, 9]])
+    u = torch.rand(8, 10, generator=torch.Generator().manual_seed(2))
+    fast = KVCacheSampler(EOS, PAD).generate(
+        model, prompts, prompts != PAD, group_size=4, max_new_tokens=10, uniforms=u
+    )
+    slow = KVCacheSampler(EOS, PAD, fast=False)
+    ref = slow.generate(model, prompts, prompts != PAD, group_size=4, max_new_tokens=10, uniforms=u)
+    assert KVCacheSampler(EOS, PAD).uses_fast_path(model)
+    assert not slow.uses_fast_path(model)
+    assert torch.equal(fast.response_ids, ref.response_ids)
+    torch.testing.assert_close(fast.logp, ref.logp, rtol=0, atol=1e-5)
+
+
+def test_unsupported_models_are_declined_and_sampled_through_transformers():
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=23, n_embd=32, n_layer=1, n_head=2, n_positions=32)).eval()
+    assert "model_type" in unsupported_reason(gpt2)
+    with pytest.raises(ValueError, match="does not support"):
+        FastDecoder(gpt2)
+    cfg = LlamaConfig(**COMMON, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    assert "RoPE" in unsupported_reason(LlamaForCausalLM(cfg))
+    prompts = torch.tensor([[BOS, 5, 6]])
+    r = KVCacheSampler(EOS, PAD).generate(gpt2, prompts, prompts != PAD, group_size=2, max_new_tokens=3)
+    assert r.response_ids.shape[0] == 2
