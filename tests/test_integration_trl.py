@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import Tensor
-
-pytest.importorskip("trl", reason="trl is installed by the project's test command (extra 'trl')")
-
 from datasets import Dataset
+from torch import Tensor
 from trl import GRPOConfig, GRPOTrainer
 
 from klgrad import combined_advantages, kl_loss_per_sequence, policy_gradient_loss, shape_rewards
