@@ -112,3 +112,26 @@ def test_unsupported_models_are_declined_and_sampled_through_transformers():
     prompts = torch.tensor([[BOS, 5, 6]])
     r = KVCacheSampler(EOS, PAD).generate(gpt2, prompts, prompts != PAD, group_size=2, max_new_tokens=3)
     assert r.response_ids.shape[0] == 2
+
+
+def test_dropping_finished_rows_changes_nothing():
+    """On the embedded model responses end at different steps, so the fast path drops finished rows from its
+    cache mid-rollout; every row must still get exactly the tokens and log-probs of the transformers path."""
+    from klgrad.data.tasks import make_splits
+    from klgrad.models import load_model_and_tokenizer
+    from klgrad.rollout.encoding import encode_prompts
+    from klgrad.trainer import EMBEDDED_DIR
+
+    model, tok = load_model_and_tokenizer(EMBEDDED_DIR / "tiny_addition")
+    model.eval()
+    train, _ = make_splits("addition", 16, 1, 0, 2)
+    ids, mask = encode_prompts(tok, [e.prompt for e in train])
+    u = torch.rand(128, 8, generator=torch.Generator().manual_seed(5))
+    kw = dict(group_size=8, max_new_tokens=8, uniforms=u)
+    fast = KVCacheSampler(tok.eos_token_id, tok.pad_token_id).generate(model, ids, mask, **kw)
+    ref = KVCacheSampler(tok.eos_token_id, tok.pad_token_id, fast=False).generate(model, ids, mask, **kw)
+    lengths = fast.lengths
+    assert int((lengths < lengths.max()).sum()) > 128 // 4  # enough rows finished early to trigger a drop
+    assert torch.equal(fast.response_ids, ref.response_ids)
+    assert torch.equal(fast.response_mask, ref.response_mask)
+    torch.testing.assert_close(fast.logp, ref.logp, rtol=0, atol=1e-5)

@@ -157,28 +157,35 @@ class FastDecoder:
             self.v_cache[i, :, :, :length] = v.repeat_interleave(g, dim=0)
             x = x + F.linear(self._attend(q, k, v, bias), attn.o_proj.weight, attn.o_proj.bias)
             x = x + self._mlp(layer.mlp, _rms(x, layer.post_attention_layernorm))
-        self.valid = torch.zeros(n, slots, dtype=torch.bool, device=device)  # (N, S) which slots to attend to
-        self.valid[:, :length] = mask.repeat_interleave(g, dim=0)
+        self.bias = torch.full((n, slots), float("-inf"), dtype=dtype, device=device)  # (N, S) additive mask
+        self.bias[:, :length].masked_fill_(mask.repeat_interleave(g, dim=0), 0.0)
         self.next_pos = positions[:, -1].repeat_interleave(g, dim=0) + 1  # (N,)
         self.filled = length
         return self._logits(x[:, -1]).repeat_interleave(g, dim=0)  # (N, V)
 
     @torch.no_grad()
-    def step(self, tokens: Tensor) -> Tensor:
-        """Append ``tokens`` (N,) at the next slot and return the (N, V) logits for the token after them."""
+    def step(self, tokens: Tensor, keep: Tensor | None = None) -> Tensor:
+        """Append ``tokens`` (R,) at the next slot and return the (R, V) logits for the token after them.
+
+        ``keep`` (R,) indices into the current rows, when given, first drops every other row from the cache
+        (finished responses): later steps compute only the rows still decoding. ``tokens`` are then the kept
+        rows' tokens, in ``keep`` order.
+        """
+        if keep is not None:
+            self.k_cache = self.k_cache[:, keep]
+            self.v_cache = self.v_cache[:, keep]
+            self.bias, self.next_pos = self.bias[keep], self.next_pos[keep]
         s = self.filled
         if s >= self.k_cache.shape[3]:
             raise RuntimeError("FastDecoder cache full: more steps than max_new_tokens")
-        n = tokens.shape[0]
+        self.bias[:, s] = 0.0  # the new slot is attended from now on
+        bias = self.bias[:, None, None, : s + 1]  # (R, 1, 1, s+1)
         dtype = self.k_cache.dtype
-        self.valid[:, s] = True
-        bias = torch.zeros(n, 1, 1, s + 1, dtype=dtype, device=tokens.device)
-        bias.masked_fill_(~self.valid[:, None, None, : s + 1], float("-inf"))  # (N, 1, 1, s+1)
-        cos, sin = self._rope(self.next_pos, dtype)  # (N, d)
-        x = F.embedding(tokens, self.inner.embed_tokens.weight)  # (N, D)
+        cos, sin = self._rope(self.next_pos, dtype)  # (R, d)
+        x = F.embedding(tokens, self.inner.embed_tokens.weight)  # (R, D)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, _rms(x, layer.input_layernorm), cos, sin)  # (N, ·, d)
+            q, k, v = self._qkv(attn, _rms(x, layer.input_layernorm), cos, sin)  # (R, ·, d)
             self.k_cache[i, :, :, s] = k
             self.v_cache[i, :, :, s] = v
             out = self._attend(q[:, None], self.k_cache[i, :, :, : s + 1], self.v_cache[i, :, :, : s + 1], bias)
@@ -186,4 +193,4 @@ class FastDecoder:
             x = x + self._mlp(layer.mlp, _rms(x, layer.post_attention_layernorm))
         self.filled = s + 1
         self.next_pos = self.next_pos + 1
-        return self._logits(x)  # (N, V)
+        return self._logits(x)  # (R, V)

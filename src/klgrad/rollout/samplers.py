@@ -135,6 +135,11 @@ def _finish(
     return Rollout(prompt_ids, prompt_mask, resp, mask, lp, truncated)
 
 
+COMPACT_BELOW = 0.75
+"""Fast path: once the rows still decoding are at most this fraction of the rows computed, the finished ones
+are dropped from the cache (one copy of the cache each time, so at most a few copies per rollout)."""
+
+
 class KVCacheSampler:
     """klgrad's batched sampler: prefill each prompt once, copy its KV cache to the G samples, decode.
 
@@ -168,7 +173,8 @@ class KVCacheSampler:
     ) -> Rollout:
         """``uniforms`` (P·G, max_new_tokens) in [0, 1), when given, replace draws from ``generator``."""
         prompt_mask = prompt_mask.bool()
-        if self.uses_fast_path(model):
+        fast = self.uses_fast_path(model)
+        if fast:
             decoder = FastDecoder(model)
             last_logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)  # (N, V)
             advance = decoder.step
@@ -179,18 +185,30 @@ class KVCacheSampler:
         if u_all is None and not greedy:
             u_all = draw_uniforms(n, max_new_tokens, generator)
         done = torch.zeros(n, dtype=torch.bool)
+        alive = torch.arange(n)  # rows the decoder still computes, in its order (finished rows are dropped)
         tokens: list[Tensor] = []
         logps: list[Tensor] = []
         for step in range(max_new_tokens):
-            u = u_all[:, step] if u_all is not None else None  # (N,)
-            tok, lp = _sample(last_logits, temperature, top_p, greedy, u)  # (N,), (N,)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            u = u_all[alive, step] if u_all is not None else None  # (A,)
+            tok_a, lp_a = _sample(last_logits, temperature, top_p, greedy, u)  # (A,), (A,)
+            done_a = done[alive]  # finished but not yet dropped: pad
+            tok_a = torch.where(done_a, torch.full_like(tok_a, self.pad_id), tok_a)
+            tok = torch.full((n,), self.pad_id, dtype=tok_a.dtype)
+            tok[alive] = tok_a
+            lp = torch.zeros(n, dtype=lp_a.dtype)
+            lp[alive] = torch.where(done_a, torch.zeros_like(lp_a), lp_a)
             tokens.append(tok)
-            logps.append(torch.where(done, torch.zeros_like(lp), lp))
-            done = done | (tok == self.eos_id)
+            logps.append(lp)
+            done[alive] = done_a | (tok_a == self.eos_id)
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            last_logits = advance(tok)  # (N, V)
+            live = ~done[alive]  # (A,)
+            if fast and int(live.sum()) <= COMPACT_BELOW * alive.numel():
+                keep = live.nonzero().squeeze(1)  # drop finished rows from the decoder
+                alive = alive[keep]
+                last_logits = advance(tok_a[keep], keep)
+            else:
+                last_logits = advance(tok_a)  # (A, V)
         rep_ids = prompt_ids.repeat_interleave(group_size, dim=0)
         rep_mask = prompt_mask.repeat_interleave(group_size, dim=0)
         return _finish(tokens, logps, self.eos_id, self.pad_id, max_new_tokens, rep_ids, rep_mask)
