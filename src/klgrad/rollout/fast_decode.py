@@ -3,8 +3,9 @@ r"""A lean functional forward of Llama-family causal LMs for sampling: static KV
 Why. Decoding a small batch is bound by per-step overhead, not arithmetic: a transformers forward per token
 builds masks, position embeddings and cache objects through many Python layers (about 16 ms per step for
 the embedded 4-layer model at batch 256 on 2 CPU cores, FACTS.md). This module runs the same arithmetic on
-the model's own parameters (read at call time, so an optimizer step is seen at once, no copy) with a cache
-preallocated once per rollout, one fused ``F.linear`` per projection and nothing else.
+the model's own parameters (read when the decoder is made, once per rollout, so every rollout sees the
+latest optimizer step), with a cache preallocated once per rollout, q/k/v and gate/up each fused into one
+matmul, and rows whose response has ended dropped from the computation.
 
 What it computes, per layer ℓ (pre-norm decoder, Llama / Qwen2 / Mistral convention):
 
@@ -66,6 +67,16 @@ def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
     return norm.weight * xf.to(x.dtype)
 
 
+def _fuse(*linears: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """Stack the weights (and biases, zeros where one has none) of linears that read the same input."""
+    weight = torch.cat([lin.weight for lin in linears], dim=0)
+    if all(lin.bias is None for lin in linears):
+        return weight, None
+    return weight, torch.cat(
+        [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
+    )
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -95,6 +106,12 @@ class FastDecoder:
         rotary = self.inner.rotary_emb
         self.inv_freq = rotary.inv_freq.float()  # (d/2,)
         self.rope_scale = float(rotary.attention_scaling)
+        # one matmul for q, k, v and one for gate, up: concatenated once per rollout (the weights of this
+        # moment; a later optimizer step needs a new FastDecoder, which the sampler makes per call)
+        self.qkv = [
+            _fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers
+        ]
+        self.gate_up = [_fuse(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin (..., d) at integer positions (...,)."""
@@ -102,19 +119,19 @@ class FastDecoder:
         emb = torch.cat((freqs, freqs), dim=-1)  # (..., d)
         return (emb.cos() * self.rope_scale).to(dtype), (emb.sin() * self.rope_scale).to(dtype)
 
-    def _qkv(self, attn: torch.nn.Module, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, i: int, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """h (..., D) -> q (..., H, d), k (..., K, d), v (..., K, d), q and k rotated."""
         lead = h.shape[:-1]
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(*lead, self.n_heads, self.head_dim)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(*lead, self.n_kv, self.head_dim)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(*lead, self.n_kv, self.head_dim)
+        qkv = F.linear(h, *self.qkv[i]).view(*lead, self.n_heads + 2 * self.n_kv, self.head_dim)
+        qk, v = qkv[..., : self.n_heads + self.n_kv, :], qkv[..., self.n_heads + self.n_kv :, :]
         cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over heads
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k at once
+        return qk[..., : self.n_heads, :], qk[..., self.n_heads :, :], v
 
-    def _mlp(self, mlp: torch.nn.Module, h: Tensor) -> Tensor:
-        gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-        up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
-        return F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+    def _mlp(self, i: int, h: Tensor) -> Tensor:
+        gate, up = F.linear(h, *self.gate_up[i]).chunk(2, dim=-1)
+        down = self.layers[i].mlp.down_proj
+        return F.linear(F.silu(gate) * up, down.weight, down.bias)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
         """q (B, Q, H, d), k/v (B, K, S, d), bias (B, 1, Q, S) additive mask -> (B, Q, H·d)."""
@@ -151,12 +168,12 @@ class FastDecoder:
         x = F.embedding(prompt_ids, self.inner.embed_tokens.weight)  # (P, L, D)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, _rms(x, layer.input_layernorm), cos, sin)  # (P, L, ·, d)
+            q, k, v = self._qkv(i, _rms(x, layer.input_layernorm), cos, sin)  # (P, L, ·, d)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (P, K, L, d)
             self.k_cache[i, :, :, :length] = k.repeat_interleave(g, dim=0)
             self.v_cache[i, :, :, :length] = v.repeat_interleave(g, dim=0)
             x = x + F.linear(self._attend(q, k, v, bias), attn.o_proj.weight, attn.o_proj.bias)
-            x = x + self._mlp(layer.mlp, _rms(x, layer.post_attention_layernorm))
+            x = x + self._mlp(i, _rms(x, layer.post_attention_layernorm))
         self.bias = torch.full((n, slots), float("-inf"), dtype=dtype, device=device)  # (N, S) additive mask
         self.bias[:, :length].masked_fill_(mask.repeat_interleave(g, dim=0), 0.0)
         self.next_pos = positions[:, -1].repeat_interleave(g, dim=0) + 1  # (N,)
@@ -185,12 +202,12 @@ class FastDecoder:
         x = F.embedding(tokens, self.inner.embed_tokens.weight)  # (R, D)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(attn, _rms(x, layer.input_layernorm), cos, sin)  # (R, ·, d)
+            q, k, v = self._qkv(i, _rms(x, layer.input_layernorm), cos, sin)  # (R, ·, d)
             self.k_cache[i, :, :, s] = k
             self.v_cache[i, :, :, s] = v
             out = self._attend(q[:, None], self.k_cache[i, :, :, : s + 1], self.v_cache[i, :, :, : s + 1], bias)
             x = x + F.linear(out[:, 0], attn.o_proj.weight, attn.o_proj.bias)
-            x = x + self._mlp(layer.mlp, _rms(x, layer.post_attention_layernorm))
+            x = x + self._mlp(i, _rms(x, layer.post_attention_layernorm))
         self.filled = s + 1
         self.next_pos = self.next_pos + 1
         return self._logits(x)  # (R, V)
