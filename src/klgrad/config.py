@@ -73,7 +73,7 @@ class RolloutConfig:
     engine: Literal["klgrad", "hf", "vllm"] = "klgrad"
     """Sampler: klgrad's KV-cache sampler, transformers generate, or vLLM (CUDA GPU + klgrad[vllm]; docs/vllm.md)."""
     prompts_per_step: int = 32
-    """Prompts drawn per step."""
+    """Prompts drawn per step, in all (under accelerate launch each process answers an equal share)."""
     group_size: int = 8
     """Responses per prompt (G)."""
     max_new_tokens: int = 8
@@ -193,7 +193,7 @@ class AlgoConfig:
     ppo_epochs: int = 1
     """Update passes over each rollout batch (1 = fully on-policy)."""
     mini_batches: int = 1
-    """Optimizer steps per epoch (the rollout batch split into this many mini-batches)."""
+    """Optimizer steps per epoch M; mini-batch k holds the step's groups k, k+M, k+2M, ..."""
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation); does not change the result."""
 

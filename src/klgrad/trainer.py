@@ -14,6 +14,12 @@ Algorithm per step (SPEC §6-§10):
      atomically.
 Deviations from the paper: none in the default config (paper: one on-policy update per batch).
 Record convention: ``step`` = optimizer updates done; the record with step 0 holds the reference's evaluation.
+
+Randomness: prompt i of step s is answered with uniforms from its own generator seeded by (seed, s, i), and
+mini-batch k of an epoch holds the groups k, k+M, k+2M, ... of the step. Neither depends on how the batch is
+split, so ``accelerate launch`` with W processes (each owning P/W whole groups, klgrad.distributed) trains on
+the same global batches as one process: advantages and loss normalisers come from the whole batch, the loss
+is scaled by W against DDP's gradient average, and only rank 0 writes (docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from klgrad.config import Config, to_dict
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
+from klgrad.distributed import Dist, check_config
 from klgrad.kl import get_kl_head
 from klgrad.logprobs import sequence_logprobs
 from klgrad.models import load_model_and_tokenizer
@@ -53,9 +60,9 @@ from klgrad.objective import (
     objective_diagnostics,
     policy_objective,
 )
-from klgrad.rewards import RewardSpec, compute_rewards
+from klgrad.rewards import RewardResult, RewardSpec, compute_rewards
 from klgrad.rollout.encoding import decode_responses, encode_prompts
-from klgrad.rollout.samplers import make_sampler
+from klgrad.rollout.samplers import Rollout, make_sampler
 
 EMBEDDED_DIR = Path(__file__).parent / "assets"
 """Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_scratchpad``), made by ``klgrad sft``."""
@@ -100,7 +107,11 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
 
 @dataclass
 class Batch:
-    """One step's rollout with everything the update needs; (N, T) response-aligned tensors."""
+    """This process's rows of one step's rollout, everything the update needs; (n, T) response-aligned tensors.
+
+    In a single process these are all the step's rows; under ``accelerate launch`` the rank's contiguous
+    whole groups, with T the width of the whole step's batch.
+    """
 
     input_ids: Tensor
     attention_mask: Tensor
@@ -111,6 +122,46 @@ class Batch:
     old_logp: Tensor | None
 
 
+SINGLE = Dist()
+"""One process: every collective is the identity."""
+
+
+def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
+    """Rows of each mini-batch among ``n`` rows of whole groups: mini-batch k holds groups k, k+M, k+2M, ...
+
+    The rule does not depend on how the step's batch is split over processes: a rank owning P/W contiguous
+    groups (P/W divisible by M) contributes exactly its groups of mini-batch k, so the union over ranks is the
+    single-process mini-batch.
+    """
+    groups = torch.arange(n).view(-1, group_size)  # (n / G, G)
+    return [groups[k::mini_batches].reshape(-1) for k in range(mini_batches)]
+
+
+def step_advantages(batch: Batch, cur_logp: Tensor | None, cfg: Config, spec: ObjectiveSpec, dist: Dist) -> Tensor:
+    """(n, T) advantages of this rank's rows, from the whole step's batch (batch-level shaping and the combined
+    form's statistics are global; each rank gathers the batch and keeps its rows)."""
+    rewards, mask = dist.gather(batch.rewards), dist.gather(batch.mask)  # (N,), (N, T)
+    if spec.form == "combined":
+        adv = combined_advantages(
+            rewards,
+            get_kl_head(cfg.kl.head),
+            dist.gather(cur_logp),
+            dist.gather(batch.ref_logp),
+            mask,
+            beta=spec.beta,
+            level=cfg.kl.level,
+            group_size=cfg.rollout.group_size,
+            method=cfg.algo.shaping,
+            std_min=cfg.algo.std_min,
+            std_max=cfg.algo.std_max,
+        )  # (N, T) recomputed every epoch from the current policy
+    else:
+        adv = decoupled_advantages(
+            rewards, mask, cfg.rollout.group_size, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max
+        )  # (N, T)
+    return dist.local_rows(adv)  # (n, T)
+
+
 def update(
     policy: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -119,65 +170,59 @@ def update(
     spec: ObjectiveSpec,
     logprob_fn,
     record_step: int = 0,
+    dist: Dist = SINGLE,
+    train_model: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns mean metrics.
 
-    A non-finite loss or gradient norm skips that optimizer step: gradients are dropped, weights and AdamW
-    state stay untouched, and ``skipped_updates`` counts it.
+    A non-finite loss or gradient norm (on any rank) skips that optimizer step: gradients are dropped, weights
+    and AdamW state stay untouched, and ``skipped_updates`` counts it.
 
+    ``policy`` is the plain model (no-grad passes); ``train_model`` the one the loss is differentiated through
+    (DDP-wrapped under accelerate; default ``policy``). Normalisers are the global mini-batch's, and the loss is
+    scaled by the world size W because DDP averages gradients over ranks: the summed gradient equals the
+    single-process one. Metrics are summed over ranks (grad norm: already global).
     ``logprob_fn(model, input_ids, attention_mask, response_start, with_entropy)`` -> (logp, entropy).
     """
+    train_model = policy if train_model is None else train_model
     n = batch.mask.shape[0]
-    g = cfg.rollout.group_size
-    mb_size = n // cfg.algo.mini_batches
-    head = get_kl_head(cfg.kl.head)
+    mini = mini_batch_rows(n, cfg.rollout.group_size, cfg.algo.mini_batches)
+    n_seq = n * dist.world // cfg.algo.mini_batches  # sequences per global mini-batch
+    tokens = [int(t) for t in dist.sum([float(batch.mask[rows].sum()) for rows in mini])]  # per global mini-batch
+    mbs = cfg.algo.micro_batch_size
     sums: dict[str, float] = {}
     count = skipped = 0
     inject_nan = _nan_injected(record_step)
     for _epoch in range(cfg.algo.ppo_epochs):
+        cur = None
         if spec.form == "combined":
             with torch.no_grad():
                 cur, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
-            adv_all = combined_advantages(
-                batch.rewards,
-                head,
-                cur,
-                batch.ref_logp,
-                batch.mask,
-                beta=spec.beta,
-                level=cfg.kl.level,
-                group_size=g,
-                method=cfg.algo.shaping,
-                std_min=cfg.algo.std_min,
-                std_max=cfg.algo.std_max,
-            )  # (N, T) recomputed every epoch from the current policy
-        else:
-            adv_all = decoupled_advantages(
-                batch.rewards, batch.mask, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max
-            )  # (N, T)
-        for start in range(0, n, mb_size):
-            rows = slice(start, start + mb_size)
-            mask = batch.mask[rows]
-            n_seq, n_tok = mask.shape[0], int(mask.sum())
+        adv_all = step_advantages(batch, cur, cfg, spec, dist)  # (n, T)
+        for rows, n_tok in zip(mini, tokens, strict=True):
             optimizer.zero_grad(set_to_none=True)
             finite = True
-            for ms in range(0, n_seq, cfg.algo.micro_batch_size):
-                r = slice(start + ms, start + min(ms + cfg.algo.micro_batch_size, n_seq))
-                logp, ent = logprob_fn(policy, batch.input_ids[r], batch.attention_mask[r], batch.response_start, True)
-                terms = policy_objective(
-                    logp,
-                    batch.ref_logp[r],
-                    batch.mask[r],
-                    adv_all[r],
-                    spec,
-                    old_logp=None if batch.old_logp is None else batch.old_logp[r],
-                    entropy=ent,
-                    num_sequences=n_seq,
-                    num_tokens=n_tok,
-                )
-                loss = terms.loss * float("nan") if inject_nan else terms.loss
-                finite = finite and bool(torch.isfinite(loss))
-                loss.backward()
+            starts = range(0, rows.numel(), mbs)
+            for ms in starts:
+                r = rows[ms : ms + mbs]  # (m,) row indices of this micro-batch
+                with dist.no_sync(train_model, sync=ms == starts[-1]):  # DDP all-reduces after the last one
+                    logp, ent = logprob_fn(
+                        train_model, batch.input_ids[r], batch.attention_mask[r], batch.response_start, True
+                    )
+                    terms = policy_objective(
+                        logp,
+                        batch.ref_logp[r],
+                        batch.mask[r],
+                        adv_all[r],
+                        spec,
+                        old_logp=None if batch.old_logp is None else batch.old_logp[r],
+                        entropy=ent,
+                        num_sequences=n_seq,
+                        num_tokens=n_tok,
+                    )
+                    loss = terms.loss * float("nan") if inject_nan else terms.loss
+                    finite = finite and bool(torch.isfinite(loss))
+                    (loss * dist.world).backward()
                 m = batch.mask[r]
                 ent_mean = float(torch.where(m, ent.detach(), 0.0).sum()) / max(n_tok, 1)
                 for k, v in (
@@ -189,15 +234,15 @@ def update(
                 diag = objective_diagnostics(
                     logp,
                     batch.ref_logp[r],
-                    batch.mask[r],
+                    m,
                     adv_all[r],
                     spec,
                     old_logp=None if batch.old_logp is None else batch.old_logp[r],
                 )
                 for k in ("clip_frac", "kl_clip_frac", "ratio_mean", "ratio_max"):
-                    sums[k] = sums.get(k, 0.0) + diag[k] * (r.stop - r.start) / n_seq
-            params = [p for p in policy.parameters() if p.grad is not None]
-            total = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip or float("inf"))
+                    sums[k] = sums.get(k, 0.0) + diag[k] * r.numel() / n_seq
+            finite = dist.all_true(finite)
+            total = dist.clip_grad_norm_(train_model, cfg.optim.grad_clip or float("inf"))
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(total)
             count += 1
             if not (finite and math.isfinite(float(total))):
@@ -207,6 +252,8 @@ def update(
             optimizer.step()
             if count == 1:
                 _fault("update", record_step)
+    summed = [k for k in sums if k != "grad_norm"]  # each rank holds its share; the grad norm is global
+    sums.update(zip(summed, dist.sum([sums[k] for k in summed]), strict=True))
     out = {k: v / count for k, v in sums.items()}
     out["skipped_updates"] = skipped
     return out
@@ -228,6 +275,60 @@ def make_logprob_fn(temperature: float):
 def reward_specs(cfg: Config) -> list[RewardSpec]:
     """Built-in names (accuracy, format) or ``module:function`` (TRL signature), weighted."""
     return [RewardSpec.load(f.name, f.weight) for f in cfg.reward.functions]
+
+
+def prompt_seed(seed: int, step: int, prompt: int) -> int:
+    """Seed of the sampling generator of global prompt ``prompt`` at ``step`` (63 bits of a sha256)."""
+    digest = hashlib.sha256(f"klgrad-rollout:{seed}:{step}:{prompt}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def rollout_uniforms(seed: int, step: int, prompts: slice, group_size: int, max_new_tokens: int) -> Tensor:
+    """(len(prompts)·G, max_new_tokens) sampling uniforms of the global prompts ``prompts``, in prompt order.
+
+    Prompt i's G rows come from their own generator seeded by (seed, step, i), and the sampler draws a row's
+    tokens from its own logits and uniforms only, so every split of the step over processes samples the same
+    responses as one process.
+    """
+    return torch.cat(
+        [
+            torch.rand(group_size, max_new_tokens, generator=torch.Generator().manual_seed(prompt_seed(seed, step, i)))
+            for i in range(prompts.start, prompts.stop)
+        ]
+    )  # (n, max_new_tokens)
+
+
+def pad_responses(rollout: Rollout, width: int, pad_id: int) -> Rollout:
+    """Right-pad responses to ``width`` tokens (pad id, masked, log-prob 0): a rank whose responses all ended
+    early gets the width of the whole step's batch, as in one process."""
+    extra = width - rollout.response_ids.shape[1]
+    if extra == 0:
+        return rollout
+    n = rollout.response_ids.shape[0]
+
+    def pad(x: Tensor, value) -> Tensor:
+        return torch.cat([x, torch.full((n, extra), value, dtype=x.dtype)], dim=1)  # (n, width)
+
+    return dataclasses.replace(
+        rollout,
+        response_ids=pad(rollout.response_ids, pad_id),
+        response_mask=pad(rollout.response_mask, False),
+        logp=pad(rollout.logp, 0.0),
+    )
+
+
+def merge_rewards(parts: list[RewardResult]) -> RewardResult:
+    """The reward results of consecutive row blocks (ranks, in order) as one result over all rows."""
+    if len(parts) == 1:
+        return parts[0]
+    failing = {name for p in parts for name in p.failures}
+    erring = {name for p in parts for name in p.errors}
+    return RewardResult(
+        total=[v for p in parts for v in p.total],
+        per_function={name: [v for p in parts for v in p.per_function[name]] for name in parts[0].per_function},
+        failures={name: sum(p.failures.get(name, 0) for p in parts) for name in failing},
+        errors={name: [e for p in parts for e in p.errors.get(name, [])] for name in erring},
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -481,10 +582,16 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
 
     ``stop_after`` ends the process-level run after that many steps of this call (tests use it to simulate an
     interruption; the run directory is then resumable).
+
+    Under ``accelerate launch`` every process runs this function: each samples, scores and differentiates its
+    share of the global batch; rank 0 alone evaluates and writes (metrics, TensorBoard, W&B, config, run.json,
+    checkpoints, curves, summary, progress bar). Every rank returns the summary.
     """
     run_dir = Path(cfg.train.out_dir)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    dist = Dist.from_env()
+    check_config(cfg, dist.world)
     train_set, eval_set = load_data(cfg)  # fails before anything is written
     if cfg.train.wandb:
         _require_wandb()
@@ -505,51 +612,68 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     )
     beta, start = cfg.kl.beta, 0
     metrics_path = run_dir / "metrics.jsonl"
-    if resume:
+    main = dist.is_main
+    if resume:  # every rank loads the checkpoint; rank 0 alone repairs the pointer and the metrics
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
             start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)
-            (ckpt.parent / "latest").write_text(ckpt.name)  # repair a pointer left behind by a kill
-        kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop steps after the checkpoint
-        run_dir.mkdir(parents=True, exist_ok=True)
-        metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        dist.barrier()  # every rank has read the checkpoint before rank 0 writes anything
+        if main:
+            if ckpt is not None:
+                (ckpt.parent / "latest").write_text(ckpt.name)  # repair a pointer left behind by a kill
+            kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop steps after the checkpoint
+            run_dir.mkdir(parents=True, exist_ok=True)
+            metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
     else:
         if metrics_path.exists():
             raise FileExistsError(f"{run_dir} already holds a run; use --resume or another train.out_dir")
-        run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    (run_dir / "run.json").write_text(
-        json.dumps(
-            {
-                "git_revision": git_revision(),
-                "model": str(model_dir),
-                "klgrad": __import__("klgrad").__version__,
-            },
-            indent=1,
+        dist.barrier()  # every rank has checked before rank 0 creates the run
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+    # the training forward goes through the prepared (DDP) model; rollout, reference and eval use the plain one
+    train_model, optimizer = dist.prepare(policy, optimizer)
+    if main:
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (run_dir / "run.json").write_text(
+            json.dumps(
+                {
+                    "git_revision": git_revision(),
+                    "model": str(model_dir),
+                    "klgrad": __import__("klgrad").__version__,
+                    "num_processes": dist.world,
+                },
+                indent=1,
+            )
         )
-    )
-    writer = _tensorboard(run_dir) if cfg.train.tensorboard else None
-    wandb_run = _wandb(cfg, run_dir) if cfg.train.wandb else None
+    writer = _tensorboard(run_dir) if cfg.train.tensorboard and main else None
+    wandb_run = _wandb(cfg, run_dir) if cfg.train.wandb and main else None
     logprob_fn = make_logprob_fn(cfg.rollout.temperature)
     off_policy = updates_per_step > 1
     g = cfg.rollout.group_size
+    n_prompts = cfg.rollout.prompts_per_step
+    mine = dist.shard(n_prompts)  # this rank's prompts of every step (all of them in one process)
     bar = tqdm(
         range(start, cfg.train.steps),
         initial=start,
         total=cfg.train.steps,
-        disable=not progress,
+        disable=not (progress and main),
         desc="klgrad train",
         dynamic_ncols=True,
     )
     done_here = consecutive_skips = 0
 
     def checkpoint(at_step: int) -> Path:
-        return save_checkpoint(
-            run_dir, at_step, policy, ref, optimizer, scheduler, beta, cfg, save_ref=cfg.kl.reset_ref_every is not None
-        )
+        """Rank 0 writes (the weights and AdamW state are the same on every rank); all return the path."""
+        if main:
+            save_ref = cfg.kl.reset_ref_every is not None
+            path = save_checkpoint(run_dir, at_step, policy, ref, optimizer, scheduler, beta, cfg, save_ref=save_ref)
+        else:
+            path = run_dir / "checkpoints" / f"step_{at_step:06d}"
+        dist.barrier()  # nobody moves on (or exits) while rank 0 writes
+        return path
 
-    has_reference_eval = any(r["step"] == 0 for r in read_jsonl(metrics_path))
-    if start == 0 and not has_reference_eval:  # the reference's own held-out evaluation, before any update
+    has_reference_eval = main and any(r["step"] == 0 for r in read_jsonl(metrics_path))
+    if main and start == 0 and not has_reference_eval:  # the reference's own held-out evaluation, before any update
         policy.eval()
         write_jsonl(
             metrics_path,
@@ -562,25 +686,32 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     for step in bar:
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
-        idx = torch.randint(len(train_set), (cfg.rollout.prompts_per_step,), generator=gen).tolist()
-        examples = [train_set[i] for i in idx]
-        # 1-2. rollout: G responses per prompt, groups contiguous
-        prompt_ids, prompt_mask = encode_prompts(tokenizer, [e.prompt for e in examples])
+        idx = torch.randint(len(train_set), (n_prompts,), generator=gen).tolist()
+        examples = [train_set[i] for i in idx]  # the same P prompts on every rank
+        # 1-2. rollout: G responses per prompt, groups contiguous. All P prompts are encoded, so the left
+        # padding is the single-process one; this rank answers its shard with its prompts' own uniforms.
+        prompt_ids, prompt_mask = encode_prompts(tokenizer, [e.prompt for e in examples])  # (P, L)
+        examples = examples[mine]
+        if cfg.rollout.engine == "hf":  # transformers' global RNG, seeded from ours (single process only)
+            randomness = {"generator": gen}
+        else:
+            randomness = {"uniforms": rollout_uniforms(cfg.train.seed, step, mine, g, cfg.rollout.max_new_tokens)}
         policy.eval()
         rollout = sampler.generate(
             policy,
-            prompt_ids,
-            prompt_mask,
+            prompt_ids[mine],
+            prompt_mask[mine],
             group_size=g,
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
-            generator=gen,
+            **randomness,
         )
         policy.train()
+        rollout = pad_responses(rollout, dist.max_int(rollout.response_ids.shape[1]), tokenizer.pad_token_id)
         _fault("rollout", step + 1)
         t_rollout = time.perf_counter()
-        # 3. rewards
+        # 3. rewards (this rank's rows; the record and the failure budget use all of them)
         rep = [e for e in examples for _ in range(g)]
         completions = decode_responses(tokenizer, rollout)
         rres = compute_rewards(
@@ -591,12 +722,13 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             failure_value=cfg.reward.failure_value,
             timeout_s=cfg.reward.timeout_s,
         )
-        rewards = torch.tensor(rres.total, dtype=torch.float32)  # (N,)
+        rewards = torch.tensor(rres.total, dtype=torch.float32)  # (n,)
+        rres = merge_rewards(dist.gather_objects(rres))  # every rank's rows, in prompt order
         failed = sum(rres.failures.values())
         budget = cfg.reward.max_failure_fraction
-        if budget is not None and failed > budget * len(completions):
+        if budget is not None and failed > budget * len(rres.total):
             raise RuntimeError(
-                f"step {step + 1}: {failed} reward-function failures out of {len(completions)} samples exceed "
+                f"step {step + 1}: {failed} reward-function failures out of {len(rres.total)} samples exceed "
                 f"reward.max_failure_fraction = {budget}; errors: {dict(rres.errors)}"
             )
         t_reward = time.perf_counter()
@@ -619,20 +751,25 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         )
         # 5-6. advantages and updates
         spec = dataclasses.replace(objective_spec(cfg), beta=beta)
-        upd = update(policy, optimizer, batch, cfg, spec, logprob_fn, record_step=step + 1)
+        upd = update(
+            policy, optimizer, batch, cfg, spec, logprob_fn, record_step=step + 1, dist=dist, train_model=train_model
+        )
         for _ in range(updates_per_step):
             scheduler.step()
         t_update = time.perf_counter()
-        # 7. metrics (SPEC §9): KL estimates from the sampler's log-probs of the pre-update policy
-        diag = objective_diagnostics(rollout.logp, ref_logp, rollout.response_mask, torch.zeros_like(ref_logp), spec)
+        # 7. metrics (SPEC §9) of the whole step's batch: KL estimates from the sampler's log-probs of the
+        # pre-update policy
+        rewards_all = torch.tensor(rres.total, dtype=torch.float32)  # (N,)
+        mask_all, ref_all = dist.gather(rollout.response_mask), dist.gather(ref_logp)  # (N, T)
+        diag = objective_diagnostics(dist.gather(rollout.logp), ref_all, mask_all, torch.zeros_like(ref_all), spec)
         _, shaping_stats = shape_rewards(
-            rewards, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max, return_stats=True
+            rewards_all, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max, return_stats=True
         )
-        n_tok = int(rollout.response_mask.sum())
+        n_tok = int(mask_all.sum())
         rec = {
             "step": step + 1,
-            "reward/mean": float(rewards.mean()),
-            "reward/std_in_group": float(rewards.view(-1, g).std(-1).mean()) if g > 1 else 0.0,
+            "reward/mean": float(rewards_all.mean()),
+            "reward/std_in_group": float(rewards_all.view(-1, g).std(-1).mean()) if g > 1 else 0.0,
             "reward/zero_std_groups": shaping_stats.zero_std_groups,
             **{f"reward/{name}": sum(v) / len(v) for name, v in rres.per_function.items()},
             "reward/failures": sum(rres.failures.values()),
@@ -641,8 +778,8 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             "kl/k3": diag["kl_k3"],
             "kl/logp_gap": diag["logp_gap"],
             "kl/logp_gap_abs": diag["logp_gap_abs"],
-            "response/length": float(rollout.lengths.float().mean()),
-            "response/truncated": float(rollout.truncated.float().mean()),
+            "response/length": float(mask_all.sum(-1).float().mean()),
+            "response/truncated": float(dist.gather(rollout.truncated).float().mean()),
             "entropy": upd.get("entropy", float("nan")),
             "loss/policy": upd["policy_loss"],
             "loss/kl": upd["kl_loss"],
@@ -666,12 +803,13 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         if cfg.kl.reset_ref_every and (step + 1) % cfg.kl.reset_ref_every == 0:
             ref.load_state_dict(policy.state_dict())
         last = step + 1 == cfg.train.steps
-        if (cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0) or last:
+        if main and ((cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0) or last):
             policy.eval()
             rec.update(evaluate(policy, ref, tokenizer, eval_set, cfg, specs, sampler, seed=cfg.train.seed))
             policy.train()
         rec = {k: (v if isinstance(v, int) or math.isfinite(v) else None) for k, v in rec.items()}
-        write_jsonl(metrics_path, rec)
+        if main:
+            write_jsonl(metrics_path, rec)
         _fault("log", step + 1)
         if writer is not None:
             for k, v in rec.items():
@@ -686,7 +824,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         )
         if (step + 1) % cfg.train.save_every == 0 or last:
             checkpoint(step + 1)
-        if upd["skipped_updates"]:
+        if upd["skipped_updates"] and main:
             tqdm.write(
                 f"klgrad train: step {step + 1}: non-finite loss or gradient, {upd['skipped_updates']} "
                 "update(s) skipped (weights and optimizer state untouched)",
@@ -708,17 +846,19 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         writer.close()
     if wandb_run is not None:
         wandb_run.finish()
-    records = read_jsonl(metrics_path)
-    summary = summarize(records)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    if records:
-        plot_curves(
-            records,
-            run_dir / "curves.png",
-            f"klgrad train — {cfg.data.task}, head {cfg.kl.head} ({cfg.kl.level}, {cfg.kl.form}), "
-            f"β={cfg.kl.beta}, seed {cfg.train.seed}",
-        )
-    return summary
+    if main:
+        records = read_jsonl(metrics_path)
+        summary = summarize(records)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        if records:
+            plot_curves(
+                records,
+                run_dir / "curves.png",
+                f"klgrad train — {cfg.data.task}, head {cfg.kl.head} ({cfg.kl.level}, {cfg.kl.form}), "
+                f"β={cfg.kl.beta}, seed {cfg.train.seed}",
+            )
+    dist.barrier()  # the other ranks return rank 0's summary
+    return summary if main else summarize(read_jsonl(metrics_path))
 
 
 def summarize(records: list[dict]) -> dict:

@@ -1,0 +1,169 @@
+"""klgrad train under ``accelerate launch``: 2 CPU processes (DDP over gloo) against one process.
+
+Same config and seed: the same sampled rewards at every step, the same clip fractions, policy weights within
+TOL after 3 steps, and only rank 0 writes (one metrics line per step, one TensorBoard event file, one
+checkpoint set). The second case takes batch-level shaping, the combined form, two mini-batches of several
+micro-batches and two epochs, and is interrupted after step 2 and resumed. docs/distributed.md quotes the
+measured differences (``KLGRAD_DISTRIBUTED_REPORT=PATH`` writes them as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from klgrad.config import ConfigError, load_config
+from klgrad.distributed import check_config
+from klgrad.trainer import EMBEDDED_DIR, mini_batch_rows, read_jsonl, rollout_uniforms, train
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "configs/tiny_add.yaml"
+TOL = 1e-5
+STEPS = 3
+BASE = {
+    "rollout.prompts_per_step": 8,
+    "rollout.group_size": 4,
+    "data.n_eval": 8,
+    "data.n_train": 200,
+    "train.steps": STEPS,
+    "train.eval_every": 0,
+    "train.save_every": 2,
+    "train.threads": 1,
+    "algo.micro_batch_size": 8,
+    "optim.lr": 1e-3,  # Adam moves weights by up to ~lr per step: far above TOL after 3 steps
+}
+CASES = {
+    "grpo": {"train.tensorboard": True},
+    "batch_norm_combined_minibatches_resumed": {
+        "train.tensorboard": False,
+        "algo.shaping": "reinforce_pp_baseline",  # batch_norm(group_baseline): global batch statistics
+        "kl.form": "combined",
+        "kl.head": "k1_in_reward",
+        "kl.level": "token_to_go",
+        "algo.mini_batches": 2,
+        "algo.micro_batch_size": 4,  # two micro-batches per mini-batch and rank: no_sync on the first
+        "algo.ppo_epochs": 2,
+    },
+}
+REPORT: dict[str, dict] = {}
+
+
+def cli_args(over: dict) -> list[str]:
+    args = ["--config", CONFIG]
+    for k, v in over.items():
+        args += [f"--{k}", json.dumps(v)]
+    return args
+
+
+def launch(args: list[str]) -> subprocess.Popen:
+    """``accelerate launch --config_file configs/accelerate/ddp_cpu.yaml -m klgrad train ARGS`` (2 processes)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KLGRAD_", "ACCELERATE_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", "configs/accelerate/ddp_cpu.yaml"]
+    cmd += ["--main_process_port", str(29500 + os.getpid() % 1000), "-m", "klgrad", "train", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def single_process_run(over: dict) -> Path:
+    """The same config in this process (no accelerate), restoring torch's thread count."""
+    threads = torch.get_num_threads()
+    try:
+        cfg = load_config(CONFIG, over)
+        train(cfg, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return Path(cfg.train.out_dir)
+
+
+def final_weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "checkpoints" / f"step_{STEPS:06d}" / "policy.safetensors"))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_train_like_one(tmp_path, case):
+    over = {**BASE, **CASES[case]}
+    dist_run, single_run = tmp_path / "two", tmp_path / "one"
+    resumed = case.endswith("resumed")
+    first = launch(cli_args({**over, "train.out_dir": str(dist_run), **({"train.steps": 2} if resumed else {})}))
+    single_process_run({**over, "train.out_dir": str(single_run)})  # meanwhile
+    finish(first)
+    if resumed:  # every rank loads the step-2 checkpoint and goes on to step 3
+        finish(launch(["--resume", str(dist_run), "--train.steps", str(STEPS)]))
+
+    one, two = read_jsonl(single_run / "metrics.jsonl"), read_jsonl(dist_run / "metrics.jsonl")
+    # rank 0 alone wrote: one line per step (the step-0 line is the reference's evaluation)
+    assert [r["step"] for r in two] == list(range(STEPS + 1))
+    for a, b in zip(one[1:], two[1:], strict=True):
+        for k in ("reward/mean", "reward/std_in_group", "reward/accuracy", "reward/format", "clip/frac"):
+            assert a[k] == b[k], (a["step"], k, a[k], b[k])  # the same sampled responses, exactly
+        for k in ("kl/k1", "loss/policy", "loss/kl", "entropy", "grad_norm", "response/length"):
+            assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), (a["step"], k)
+    wa, wb = final_weights(single_run), final_weights(dist_run)
+    assert wa.keys() == wb.keys()
+    diff = max(float((wa[k] - wb[k]).abs().max()) for k in wa)
+    reference = load_file(str(EMBEDDED_DIR / "tiny_addition" / "model.safetensors"))
+    moved = max(float((wa[k] - reference[k]).abs().max()) for k in wa if k in reference)
+    REPORT[case] = {"max_abs_weight_diff": diff, "max_abs_weight_change": moved}
+    assert diff <= TOL, diff
+    assert moved > 100 * TOL  # training moved the weights far more than the tolerance
+    ckpts = sorted(p.name for p in (dist_run / "checkpoints").iterdir())
+    assert ckpts == ["latest", "step_000002", f"step_{STEPS:06d}"]  # one checkpoint set, no temporary folders
+    events = list((dist_run / "tb").glob("events.out.tfevents.*")) if not resumed else []
+    assert len(events) == (0 if resumed else 1)
+    assert json.loads((dist_run / "run.json").read_text())["num_processes"] == 2
+    for name in ("summary.json", "curves.png", "config.yaml"):
+        assert (dist_run / name).is_file(), name
+    if path := os.environ.get("KLGRAD_DISTRIBUTED_REPORT"):
+        Path(path).write_text(json.dumps(REPORT, indent=1))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the rules behind the equality, without launching
+
+
+def test_uniforms_of_a_prompt_do_not_depend_on_the_split():
+    whole = rollout_uniforms(0, 5, slice(0, 8), 4, 6)  # (32, 6)
+    halves = torch.cat([rollout_uniforms(0, 5, slice(0, 4), 4, 6), rollout_uniforms(0, 5, slice(4, 8), 4, 6)])
+    assert torch.equal(whole, halves)
+    assert not torch.equal(whole, rollout_uniforms(0, 6, slice(0, 8), 4, 6))  # another step, other draws
+    assert not torch.equal(whole[:4], whole[4:8])  # prompts draw independently
+
+
+def test_mini_batches_take_the_same_groups_from_every_shard():
+    n, g, m, world = 32, 4, 2, 2  # 8 groups, 2 mini-batches, 2 ranks of 4 groups each
+    whole = mini_batch_rows(n, g, m)
+    for k in range(m):
+        union = torch.cat([r * (n // world) + mini_batch_rows(n // world, g, m)[k] for r in range(world)])
+        assert torch.equal(union.sort().values, whole[k].sort().values)
+    assert whole[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]  # groups 0, 2, 4, 6
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"rollout.prompts_per_step": 9}, "rollout.prompts_per_step"),
+        ({"rollout.prompts_per_step": 8, "algo.mini_batches": 8}, "algo.mini_batches"),
+        ({"rollout.engine": "hf"}, "rollout.engine"),
+    ],
+)
+def test_settings_two_processes_cannot_reproduce_are_config_errors(over, field):
+    cfg = load_config(CONFIG, {"rollout.prompts_per_step": 8, **over})
+    check_config(cfg, 1)  # one process: fine
+    with pytest.raises(ConfigError, match=rf"^{field} "):
+        check_config(cfg, 2)
