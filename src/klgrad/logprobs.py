@@ -182,6 +182,7 @@ def sequence_logprobs(
     *,
     with_entropy: bool = False,
     micro_batch_size: int | None = None,
+    shared_prompts: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Log-probs (and optionally entropies) of the response tokens under a HF causal LM.
 
@@ -196,6 +197,15 @@ def sequence_logprobs(
     (clamped at 0), so left padding does not shift positions: a padded row scores what the same row scores
     alone (up to float rounding; tested at 1e-5). Only the logits of positions ≥ response_start - 1 are
     computed when the model's ``forward`` takes ``logits_to_keep`` (current HF causal LMs do).
+
+    Shared prompts. With ``shared_prompts`` (default) and a Llama-family model
+    (:func:`klgrad.models.fast_forward.unsupported_reason` is None), rows whose prompt part is identical
+    (GRPO's G samples of one prompt) share one pass over the prompt: the distinct prompts run once and the
+    response positions attend to their prompt's keys and values
+    (:meth:`~klgrad.models.fast_forward.FastLlama.shared_prefix_logits`). Same log-probs and gradients (tested
+    against this function with ``shared_prompts=False`` at 1e-5), fewer positions: P·L + N·(T - 1) instead
+    of N·(L + T - 1). Used when every response mask is a run of real tokens followed by padding; otherwise,
+    for other models, or with ``shared_prompts=False``, one transformers forward over every row.
 
     Gradients flow when called with grad enabled (policy); call under ``torch.no_grad()`` for a reference
     model. ``micro_batch_size`` splits the rows into forward passes of that many rows (results identical);
@@ -224,6 +234,7 @@ def sequence_logprobs(
                 response_start,
                 temperature,
                 with_entropy=with_entropy,
+                shared_prompts=shared_prompts,
             )
             for i in range(0, B, mb)
         ]
@@ -232,6 +243,11 @@ def sequence_logprobs(
         return logp, entropy
 
     n_resp = L - response_start
+    logits = _shared_prompt_logits(model, input_ids, attention_mask, response_start) if shared_prompts else None
+    if logits is not None:
+        targets = input_ids[:, response_start:]  # (B, T_resp)
+        logp = token_logprobs(logits, targets, temperature)
+        return logp, token_entropy(logits, temperature) if with_entropy else None
     kwargs = {}
     if _accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = n_resp + 1  # positions response_start - 1 .. L - 1
@@ -247,3 +263,24 @@ def sequence_logprobs(
     logp = token_logprobs(logits, targets, temperature)  # (B, T_resp)
     entropy = token_entropy(logits, temperature) if with_entropy else None  # (B, T_resp)
     return logp, entropy
+
+
+def _shared_prompt_logits(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_start: int
+) -> Tensor | None:
+    """(B, T_resp, V) response logits computing each distinct prompt once, or None when that path does not
+    apply (model not supported, no repeated prompt, or a response mask with a hole)."""
+    from klgrad.models.fast_forward import FastLlama, unsupported_reason
+
+    if unsupported_reason(model) is not None:
+        return None
+    resp_mask = attention_mask[:, response_start:].bool()  # (B, T)
+    if bool((resp_mask[:, 1:] & ~resp_mask[:, :-1]).any()):
+        return None  # a real token after padding: not the right-padded layout the shared path assumes
+    prompts = torch.cat([input_ids[:, :response_start], attention_mask[:, :response_start].long()], dim=1)
+    distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)  # (U, 2·Lp), (B,)
+    if distinct.shape[0] == input_ids.shape[0]:
+        return None  # nothing shared
+    return FastLlama(model).shared_prefix_logits(
+        distinct[:, :response_start], distinct[:, response_start:].bool(), owner, input_ids[:, response_start:]
+    )

@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from klgrad.rollout.fast_decode import FastDecoder, unsupported_reason
+from klgrad.models.fast_forward import FastLlama, unsupported_reason
 
 
 @dataclass
@@ -143,8 +143,8 @@ are dropped from the cache (one copy of the cache each time, so at most a few co
 class KVCacheSampler:
     """klgrad's batched sampler: prefill each prompt once, copy its KV cache to the G samples, decode.
 
-    Llama-family models (llama, qwen2, mistral; see :mod:`klgrad.rollout.fast_decode`) decode through
-    :class:`~klgrad.rollout.fast_decode.FastDecoder`, a functional forward on the model's own weights with a
+    Llama-family models (llama, qwen2, mistral; see :mod:`klgrad.models.fast_forward`) decode through
+    :class:`~klgrad.models.fast_forward.FastLlama`, a functional forward on the model's own weights with a
     static cache; ``fast=False``, or any other HF causal LM that accepts ``past_key_values`` and
     ``position_ids``, uses the transformers forward with a ``DynamicCache``. Decoding stops when every
     response has produced EOS or after ``max_new_tokens`` steps.
@@ -175,7 +175,7 @@ class KVCacheSampler:
         prompt_mask = prompt_mask.bool()
         fast = self.uses_fast_path(model)
         if fast:
-            decoder = FastDecoder(model)
+            decoder = FastLlama(model)
             last_logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)  # (N, V)
             advance = decoder.step
         else:

@@ -37,7 +37,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """None when :class:`FastDecoder` reproduces ``model``'s forward, else a short reason."""
+    """None when :class:`FastLlama` reproduces ``model``'s forward, else a short reason."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return f"model_type {getattr(cfg, 'model_type', None)!r} not in {SUPPORTED_MODEL_TYPES}"
@@ -82,10 +82,10 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class FastDecoder:
+class FastLlama:
     """Prefill and one-token decode steps of a supported HF causal LM, with a static KV cache.
 
-    Use: ``dec = FastDecoder(model)``; ``logits = dec.prefill(ids, mask, group_size, max_new_tokens)`` gives
+    Use: ``dec = FastLlama(model)``; ``logits = dec.prefill(ids, mask, group_size, max_new_tokens)`` gives
     (N, V) next-token logits for N = P·group_size rows (each prompt's cache copied to its G rows); then
     ``logits = dec.step(tokens)`` appends one token per row and gives the next (N, V) logits.
     No gradients (call under ``torch.no_grad()``).
@@ -94,7 +94,7 @@ class FastDecoder:
     def __init__(self, model: torch.nn.Module) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
-            raise ValueError(f"FastDecoder does not support this model: {reason}")
+            raise ValueError(f"FastLlama does not support this model: {reason}")
         cfg = model.config
         self.model = model
         self.inner = model.model
@@ -107,7 +107,7 @@ class FastDecoder:
         self.inv_freq = rotary.inv_freq.float()  # (d/2,)
         self.rope_scale = float(rotary.attention_scaling)
         # one matmul for q, k, v and one for gate, up: concatenated once per rollout (the weights of this
-        # moment; a later optimizer step needs a new FastDecoder, which the sampler makes per call)
+        # moment; a later optimizer step needs a new FastLlama, which the sampler makes per call)
         self.qkv = [
             _fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers
         ]
@@ -149,6 +149,62 @@ class FastDecoder:
     def _logits(self, x: Tensor) -> Tensor:
         return F.linear(_rms(x, self.inner.norm), self.model.lm_head.weight, self.model.lm_head.bias)
 
+    def _causal_bias(self, mask: Tensor) -> Tensor:
+        """(B, 1, L, L) additive mask over left-padded rows ``mask`` (B, L): key j visible from query i when
+        j ≤ i and j is a real token; a padded query sees itself only (finite, and never read)."""
+        length = mask.shape[1]
+        causal = torch.ones(length, length, dtype=torch.bool, device=mask.device).tril()  # (L, L)
+        allowed = (causal & mask[:, None, :]) | torch.eye(length, dtype=torch.bool, device=mask.device)
+        dtype = self.inner.embed_tokens.weight.dtype
+        return torch.zeros(allowed.shape, dtype=dtype, device=mask.device).masked_fill(~allowed, float("-inf"))[:, None]
+
+    def shared_prefix_logits(self, prompt_ids: Tensor, prompt_mask: Tensor, owner: Tensor, responses: Tensor) -> Tensor:
+        r"""Teacher-forced logits of N responses whose prompts are U ≤ N distinct rows, each prompt run once.
+
+        ``prompt_ids``/``prompt_mask`` (U, L) left-padded distinct prompts, ``owner`` (N,) the prompt of each
+        response, ``responses`` (N, T). Returns (N, T, V): entry [n, t] is the distribution of
+        ``responses[n, t]``, i.e. the logits at the position before it (the last prompt position for t = 0).
+
+        The prompt positions go through the layers once per distinct prompt; the N·(T - 1) response positions
+        attend to their prompt's keys/values (indexed by ``owner``, so in backward the G rows' gradients
+        add up on the shared prompt) and causally to their own. With GRPO's P prompts × G samples the model
+        runs P·L + N·(T - 1) positions instead of N·(L + T - 1). Differentiable (autograd reaches the model's
+        parameters); the response rows are assumed right-padded after their end (causal attention makes
+        what follows the last real token irrelevant to the positions before it).
+        """
+        mask = prompt_mask.bool()  # (U, L)
+        length = mask.shape[1]
+        n, t_len = responses.shape
+        dtype = self.inner.embed_tokens.weight.dtype
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (U, L)
+        cos_p, sin_p = self._rope(positions, dtype)  # (U, L, d)
+        bias_p = self._causal_bias(mask)  # (U, 1, L, L)
+        x_p = F.embedding(prompt_ids, self.inner.embed_tokens.weight)  # (U, L, D)
+        m = t_len - 1  # response positions that predict a next response token
+        if m > 0:
+            steps = torch.arange(m, device=responses.device)
+            pos_s = positions[owner, -1:] + 1 + steps  # (N, m)
+            cos_s, sin_s = self._rope(pos_s, dtype)  # (N, m, d)
+            own = torch.ones(m, m, dtype=torch.bool, device=responses.device).tril()  # (m, m) causal
+            seen = torch.cat([mask[owner][:, None, :].expand(n, m, length), own.expand(n, m, m)], dim=-1)
+            bias_s = torch.zeros(seen.shape, dtype=dtype, device=responses.device)
+            bias_s = bias_s.masked_fill(~seen, float("-inf"))[:, None]  # (N, 1, m, L + m)
+            x_s = F.embedding(responses[:, :m], self.inner.embed_tokens.weight)  # (N, m, D)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            q, k, v = self._qkv(i, _rms(x_p, layer.input_layernorm), cos_p, sin_p)  # (U, L, ·, d)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (U, K, L, d) this layer's prompt keys/values
+            x_p = x_p + F.linear(self._attend(q, k, v, bias_p), attn.o_proj.weight, attn.o_proj.bias)
+            x_p = x_p + self._mlp(i, _rms(x_p, layer.post_attention_layernorm))
+            if m > 0:
+                qs, ks, vs = self._qkv(i, _rms(x_s, layer.input_layernorm), cos_s, sin_s)  # (N, m, ·, d)
+                k_all = torch.cat([k[owner], ks.transpose(1, 2)], dim=2)  # (N, K, L + m, d)
+                v_all = torch.cat([v[owner], vs.transpose(1, 2)], dim=2)
+                x_s = x_s + F.linear(self._attend(qs, k_all, v_all, bias_s), attn.o_proj.weight, attn.o_proj.bias)
+                x_s = x_s + self._mlp(i, _rms(x_s, layer.post_attention_layernorm))
+        first = self._logits(x_p[:, -1])[owner][:, None]  # (N, 1, V)
+        return torch.cat([first, self._logits(x_s)], dim=1) if m > 0 else first  # (N, T, V)
+
     @torch.no_grad()
     def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int, max_new_tokens: int) -> Tensor:
         """Run the P left-padded prompts once, fill every row's cache; returns (P·G, V) next-token logits."""
@@ -160,9 +216,7 @@ class FastDecoder:
         device = prompt_ids.device
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (P, L) left padding does not shift positions
         cos, sin = self._rope(positions, dtype)  # (P, L, d)
-        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # (L, L)
-        allowed = (causal & mask[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)  # (P, L, L)
-        bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, float("-inf"))[:, None]
+        bias = self._causal_bias(mask)  # (P, 1, L, L)
         self.k_cache = torch.zeros(len(self.layers), n, self.n_kv, slots, self.head_dim, dtype=dtype, device=device)
         self.v_cache = torch.zeros_like(self.k_cache)
         x = F.embedding(prompt_ids, self.inner.embed_tokens.weight)  # (P, L, D)
@@ -194,7 +248,7 @@ class FastDecoder:
             self.bias, self.next_pos = self.bias[keep], self.next_pos[keep]
         s = self.filled
         if s >= self.k_cache.shape[3]:
-            raise RuntimeError("FastDecoder cache full: more steps than max_new_tokens")
+            raise RuntimeError("FastLlama cache full: more steps than max_new_tokens")
         self.bias[:, s] = 0.0  # the new slot is attended from now on
         bias = self.bias[:, None, None, : s + 1]  # (R, 1, 1, s+1)
         dtype = self.k_cache.dtype

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from klgrad.rollout.fast_decode import FastDecoder, unsupported_reason
+from klgrad.models.fast_forward import FastLlama, unsupported_reason
 from klgrad.rollout.samplers import KVCacheSampler
 
 PAD, BOS, EOS = 0, 1, 2
@@ -57,7 +57,7 @@ def test_prefill_and_steps_equal_a_full_forward(make):
     prompts = torch.tensor([[PAD, PAD, BOS, 5, 6], [BOS, 7, 8, 9, 4], [PAD, BOS, 3, 3, 11]])
     mask = prompts != PAD
     g, steps = 2, 6
-    dec = FastDecoder(model)
+    dec = FastLlama(model)
     logits = [dec.prefill(prompts, mask, g, steps)]  # (N, V) each
     gen = torch.Generator().manual_seed(0)
     toks = []
@@ -79,10 +79,10 @@ def test_weights_are_read_live_not_copied():
     model = llama()
     prompts = torch.tensor([[BOS, 5, 6]])
     mask = prompts != PAD
-    before = FastDecoder(model).prefill(prompts, mask, 1, 1)
+    before = FastLlama(model).prefill(prompts, mask, 1, 1)
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.add_(0.1)
-    after = FastDecoder(model).prefill(prompts, mask, 1, 1)
+    after = FastLlama(model).prefill(prompts, mask, 1, 1)
     torch.testing.assert_close(after, full_forward_logits(model, prompts, mask)[:, -1], rtol=0, atol=2e-5)
     assert not torch.allclose(before, after)
 
@@ -106,7 +106,7 @@ def test_unsupported_models_are_declined_and_sampled_through_transformers():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=23, n_embd=32, n_layer=1, n_head=2, n_positions=32)).eval()
     assert "model_type" in unsupported_reason(gpt2)
     with pytest.raises(ValueError, match="does not support"):
-        FastDecoder(gpt2)
+        FastLlama(gpt2)
     cfg = LlamaConfig(**COMMON, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert "RoPE" in unsupported_reason(LlamaForCausalLM(cfg))
     prompts = torch.tensor([[BOS, 5, 6]])
@@ -135,3 +135,48 @@ def test_dropping_finished_rows_changes_nothing():
     assert torch.equal(fast.response_ids, ref.response_ids)
     assert torch.equal(fast.response_mask, ref.response_mask)
     torch.testing.assert_close(fast.logp, ref.logp, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("make", [llama, qwen2])
+def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(make):
+    """GRPO batch: 3 left-padded prompts × 4 right-padded responses of different lengths. The shared-prompt path
+    (each prompt run once) must give the per-row forward's log-probs, entropies and parameter gradients."""
+    from klgrad.logprobs import _shared_prompt_logits, sequence_logprobs
+
+    model = make().train()
+    prompts = torch.tensor([[PAD, PAD, BOS, 5, 6], [BOS, 7, 8, 9, 4], [PAD, BOS, 3, 3, 11]])
+    g, t = 4, 6
+    gen = torch.Generator().manual_seed(4)
+    resp = torch.randint(3, 23, (12, t), generator=gen)
+    lengths = torch.tensor([6, 1, 3, 4, 2, 6, 5, 1, 3, 6, 2, 4])
+    resp_mask = torch.arange(t)[None] < lengths[:, None]  # (12, 6) real tokens then padding
+    resp = resp.masked_fill(~resp_mask, PAD)
+    ids = torch.cat([prompts.repeat_interleave(g, 0), resp], 1)
+    mask = torch.cat([(prompts != PAD).repeat_interleave(g, 0), resp_mask], 1)
+    assert _shared_prompt_logits(model, ids, mask, 5) is not None  # the shared path is the one under test
+    weights = torch.randn(12, t, generator=gen)
+
+    def run(shared):
+        model.zero_grad()
+        lp, ent = sequence_logprobs(model, ids, mask, 5, 0.7, with_entropy=True, shared_prompts=shared)
+        (torch.where(resp_mask, weights * lp + 0.3 * ent, 0.0)).sum().backward()
+        grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+        return lp.masked_fill(~resp_mask, 0), ent.masked_fill(~resp_mask, 0), grads
+
+    lp1, ent1, g1 = run(True)
+    lp0, ent0, g0 = run(False)
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent1, ent0, rtol=0, atol=1e-5)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_shared_prompt_path_declines_holes_and_unshared_batches():
+    from klgrad.logprobs import _shared_prompt_logits
+
+    model = llama()
+    ids = torch.tensor([[BOS, 5, 6, 7], [BOS, 5, 6, 8]])
+    holes = torch.tensor([[True, True, False, True], [True, True, True, True]])  # real token after padding
+    assert _shared_prompt_logits(model, ids, holes, 2) is None
+    distinct = torch.tensor([[BOS, 5, 6, 7], [BOS, 4, 6, 8]])
+    assert _shared_prompt_logits(model, distinct, torch.ones_like(distinct, dtype=torch.bool), 2) is None
