@@ -26,7 +26,8 @@ class StepTimes:
     ref: float
     update: float
     tokens: int  # response tokens in the batch
-    positions: int  # (prompt + response) positions run through the model per forward pass
+    positions: int  # (prompt + response) positions of the batch, N·(L + T)
+    computed: int  # positions the model actually runs with shared prompts: P·L + N·(T - 1)
     params: int
 
     @property
@@ -104,6 +105,14 @@ class RLStep:
         t2 = time.perf_counter()
         update(self.model, self.opt, b, self.cfg, self.spec, self.logprob_fn)
         t3 = time.perf_counter()
+        n, t = r.response_ids.shape
+        computed = self.ids.numel() + n * (t - 1)
         return StepTimes(
-            t1 - t0, t2 - t1, t3 - t2, int(r.response_mask.sum()), r.input_ids.numel(), count_parameters(self.model)
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            int(r.response_mask.sum()),
+            r.input_ids.numel(),
+            computed,
+            count_parameters(self.model),
         )
