@@ -45,7 +45,7 @@ def check_config(cfg: Config, world: int) -> None:
         )
     if cfg.rollout.engine != "klgrad":
         raise ConfigError(
-            f"rollout.engine {cfg.rollout.engine!r} draws from a global RNG, so a split batch would sample "
+            f"rollout.engine {cfg.rollout.engine!r} draws from its own RNG, so a split batch would sample "
             "other responses than one process; distributed runs need 'klgrad'"
         )
 

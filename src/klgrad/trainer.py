@@ -692,10 +692,10 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         # padding is the single-process one; this rank answers its shard with its prompts' own uniforms.
         prompt_ids, prompt_mask = encode_prompts(tokenizer, [e.prompt for e in examples])  # (P, L)
         examples = examples[mine]
-        if cfg.rollout.engine == "hf":  # transformers' global RNG, seeded from ours (single process only)
-            randomness = {"generator": gen}
-        else:
+        if cfg.rollout.engine == "klgrad":
             randomness = {"uniforms": rollout_uniforms(cfg.train.seed, step, mine, g, cfg.rollout.max_new_tokens)}
+        else:  # engines with their own RNG, seeded from ours (single process only)
+            randomness = {"generator": gen}
         policy.eval()
         rollout = sampler.generate(
             policy,
