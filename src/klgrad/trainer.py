@@ -126,6 +126,23 @@ SINGLE = Dist()
 """One process: every collective is the identity."""
 
 
+class PolicyLogprobs(torch.nn.Module):
+    """The policy's response log-probs (and entropies) as a module: what the training forward differentiates.
+
+    Under accelerate this module is what DDP wraps, so the ranks run the very computation of one process
+    (``logprob_fn`` on the plain model, with its fast paths: shared-prompt forward, ``logits_to_keep``) and
+    DDP's hooks on the policy's parameters all-reduce their gradients.
+    """
+
+    def __init__(self, policy: torch.nn.Module, logprob_fn) -> None:
+        super().__init__()
+        self.policy = policy
+        self.logprob_fn = logprob_fn
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, response_start: int, with_entropy: bool):
+        return self.logprob_fn(self.policy, input_ids, attention_mask, response_start, with_entropy)
+
+
 def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
     """Rows of each mini-batch among ``n`` rows of whole groups: mini-batch k holds groups k, k+M, k+2M, ...
 
@@ -178,13 +195,13 @@ def update(
     A non-finite loss or gradient norm (on any rank) skips that optimizer step: gradients are dropped, weights
     and AdamW state stay untouched, and ``skipped_updates`` counts it.
 
-    ``policy`` is the plain model (no-grad passes); ``train_model`` the one the loss is differentiated through
-    (DDP-wrapped under accelerate; default ``policy``). Normalisers are the global mini-batch's, and the loss is
-    scaled by the world size W because DDP averages gradients over ranks: the summed gradient equals the
-    single-process one. Metrics are summed over ranks (grad norm: already global).
+    ``policy`` is the plain model (no-grad passes); ``train_model`` the :class:`PolicyLogprobs` the loss is
+    differentiated through (DDP-wrapped under accelerate; default: of ``policy``). Normalisers are the global
+    mini-batch's, and the loss is scaled by the world size W because DDP averages gradients over ranks: the
+    summed gradient equals the single-process one. Metrics are summed over ranks (grad norm: already global).
     ``logprob_fn(model, input_ids, attention_mask, response_start, with_entropy)`` -> (logp, entropy).
     """
-    train_model = policy if train_model is None else train_model
+    train_model = PolicyLogprobs(policy, logprob_fn) if train_model is None else train_model
     n = batch.mask.shape[0]
     mini = mini_batch_rows(n, cfg.rollout.group_size, cfg.algo.mini_batches)
     n_seq = n * dist.world // cfg.algo.mini_batches  # sequences per global mini-batch
@@ -206,9 +223,7 @@ def update(
             for ms in starts:
                 r = rows[ms : ms + mbs]  # (m,) row indices of this micro-batch
                 with dist.no_sync(train_model, sync=ms == starts[-1]):  # DDP all-reduces after the last one
-                    logp, ent = logprob_fn(
-                        train_model, batch.input_ids[r], batch.attention_mask[r], batch.response_start, True
-                    )
+                    logp, ent = train_model(batch.input_ids[r], batch.attention_mask[r], batch.response_start, True)
                     terms = policy_objective(
                         logp,
                         batch.ref_logp[r],
@@ -630,8 +645,10 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         dist.barrier()  # every rank has checked before rank 0 creates the run
         if main:
             run_dir.mkdir(parents=True, exist_ok=True)
-    # the training forward goes through the prepared (DDP) model; rollout, reference and eval use the plain one
-    train_model, optimizer = dist.prepare(policy, optimizer)
+    # the training forward goes through the prepared (DDP) log-prob module; rollout, reference and eval use the
+    # plain model
+    logprob_fn = make_logprob_fn(cfg.rollout.temperature)
+    train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn), optimizer)
     if main:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         (run_dir / "run.json").write_text(
@@ -647,7 +664,6 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         )
     writer = _tensorboard(run_dir) if cfg.train.tensorboard and main else None
     wandb_run = _wandb(cfg, run_dir) if cfg.train.wandb and main else None
-    logprob_fn = make_logprob_fn(cfg.rollout.temperature)
     off_policy = updates_per_step > 1
     g = cfg.rollout.group_size
     n_prompts = cfg.rollout.prompts_per_step
