@@ -197,3 +197,29 @@ def test_wandb_requested_but_missing_is_a_clear_error_before_writing(tmp_path, m
     with pytest.raises(ValueError, match=r"train\.wandb"):
         train(cfg, progress=False)
     assert not Path(cfg.train.out_dir).exists()
+
+
+def test_fast_forward_off_switch_and_identity_mismatch_correction_train_the_same(tmp_path):
+    """Three runs of the same config: klgrad's fast forward (default), transformers' forward
+    (model.fast_forward=false), and the sampler-mismatch correction switched on with klgrad's own sampler
+    (sampler log-probs = trainer log-probs, so every weight is 1). Same samples, same final weights."""
+    from klgrad.trainer import train
+
+    runs = {
+        "fast": {},
+        "hf": {"model.fast_forward": False},
+        "tis": {"rollout.mismatch_correction": "token"},
+    }
+    final, records = {}, {}
+    for name, over in runs.items():
+        cfg = small(tmp_path / name, **{"train.eval_every": 0, **over})
+        train(cfg, progress=False)
+        final[name] = weights(tmp_path / name / "run" / "checkpoints" / "step_000003" / "policy.safetensors")
+        records[name] = [json.loads(x) for x in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
+    for name in ("hf", "tis"):
+        assert [r.get("reward/mean") for r in records[name]] == [r.get("reward/mean") for r in records["fast"]]
+        for k, w in final["fast"].items():
+            torch.testing.assert_close(final[name][k], w, rtol=0, atol=1e-5, msg=f"{name}: {k}")
+    steps = [r for r in records["tis"] if "reward/mean" in r]
+    assert all(abs(r["mismatch/weight_mean"] - 1.0) < 1e-4 for r in steps)
+    assert all("mismatch/weight_mean" not in r for r in records["fast"])

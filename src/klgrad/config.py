@@ -36,6 +36,8 @@ class ModelConfig:
     """Parameter dtype (CPU: float32)."""
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
     """Attention kernel; auto = eager on CPU (never slower there in our measurement), sdpa on GPU."""
+    fast_forward: bool = True
+    """Llama/Qwen2/Mistral: klgrad's functional forward for rollout and shared-prompt log-probs (false: HF's)."""
 
 
 @dataclass

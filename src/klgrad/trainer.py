@@ -63,6 +63,7 @@ from klgrad.objective import (
 from klgrad.rewards import RewardResult, RewardSpec, compute_rewards
 from klgrad.rollout.encoding import decode_responses, encode_prompts
 from klgrad.rollout.samplers import Rollout, make_sampler
+from klgrad.rollout.vllm_engine import mismatch_weights
 
 EMBEDDED_DIR = Path(__file__).parent / "assets"
 """Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_scratchpad``), made by ``klgrad sft``."""
@@ -120,6 +121,8 @@ class Batch:
     rewards: Tensor
     ref_logp: Tensor
     old_logp: Tensor | None
+    behaviour_weights: Tensor | None = None
+    """(n, T) truncated-IS weights for a sampler whose log-probs differ from the trainer's (vLLM), or None."""
 
 
 SINGLE = Dist()
@@ -234,6 +237,7 @@ def update(
                         entropy=ent,
                         num_sequences=n_seq,
                         num_tokens=n_tok,
+                        behaviour_weights=None if batch.behaviour_weights is None else batch.behaviour_weights[r],
                     )
                     loss = terms.loss * float("nan") if inject_nan else terms.loss
                     finite = finite and bool(torch.isfinite(loss))
@@ -278,10 +282,18 @@ def update(
 # prompts, log-probs, rewards
 
 
-def make_logprob_fn(temperature: float):
+def make_logprob_fn(temperature: float, shared_prompts: bool = True):
+    """``fn(model, input_ids, attention_mask, response_start, with_entropy) -> (logp, entropy)``."""
+
     def fn(model, input_ids, attention_mask, response_start, with_entropy):
         return sequence_logprobs(
-            model, input_ids, attention_mask, response_start, temperature, with_entropy=with_entropy
+            model,
+            input_ids,
+            attention_mask,
+            response_start,
+            temperature,
+            with_entropy=with_entropy,
+            shared_prompts=shared_prompts,
         )
 
     return fn
@@ -616,7 +628,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     ref, _ = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg))
     ref.eval().requires_grad_(False)
     policy.train()
-    sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **_sampler_options(cfg))
     optimizer = torch.optim.AdamW(
         policy.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
     )
@@ -647,7 +659,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             run_dir.mkdir(parents=True, exist_ok=True)
     # the training forward goes through the prepared (DDP) log-prob module; rollout, reference and eval use the
     # plain model
-    logprob_fn = make_logprob_fn(cfg.rollout.temperature)
+    logprob_fn = make_logprob_fn(cfg.rollout.temperature, shared_prompts=cfg.model.fast_forward)
     train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn), optimizer)
     if main:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
@@ -750,11 +762,22 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         t_reward = time.perf_counter()
         # 4. reference (and behaviour, when off-policy) log-probs
         p_len = prompt_ids.shape[1]
+        correct_mismatch = cfg.rollout.mismatch_correction != "none"
         with torch.no_grad():
             ref_logp, _ = logprob_fn(ref, rollout.input_ids, rollout.attention_mask, p_len, False)
-            old_logp = None
-            if off_policy:
-                old_logp, _ = logprob_fn(policy, rollout.input_ids, rollout.attention_mask, p_len, False)
+            trainer_logp = None  # the trainer's own log-probs of the rollout policy, when needed
+            if off_policy or correct_mismatch:
+                trainer_logp, _ = logprob_fn(policy, rollout.input_ids, rollout.attention_mask, p_len, False)
+            old_logp = trainer_logp if off_policy else None
+        weights = None
+        if correct_mismatch:  # truncated IS for a sampler (vLLM) whose log-probs differ from the trainer's
+            weights = mismatch_weights(
+                trainer_logp,
+                rollout.logp,
+                rollout.response_mask,
+                cfg.rollout.mismatch_correction,
+                cfg.rollout.mismatch_cap,
+            )  # (n, T)
         t_ref = time.perf_counter()
         batch = Batch(
             rollout.input_ids,
@@ -764,6 +787,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             rewards,
             ref_logp,
             old_logp,
+            weights,
         )
         # 5-6. advantages and updates
         spec = dataclasses.replace(objective_spec(cfg), beta=beta)
@@ -772,6 +796,8 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         )
         for _ in range(updates_per_step):
             scheduler.step()
+        if hasattr(sampler, "sync_weights"):  # an engine holding its own copy of the weights (vLLM)
+            sampler.sync_weights(policy)
         t_update = time.perf_counter()
         # 7. metrics (SPEC §9) of the whole step's batch: KL estimates from the sampler's log-probs of the
         # pre-update policy
@@ -814,6 +840,11 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             "time/step": time.perf_counter() - t0,
             "tokens_per_s": n_tok / max(time.perf_counter() - t0, 1e-9),
         }
+        if weights is not None:  # how far the sampler's log-probs are from the trainer's
+            w_all, m_all = dist.gather(weights), mask_all
+            rec["mismatch/weight_mean"] = float(w_all[m_all].mean()) if bool(m_all.any()) else 1.0
+            rec["mismatch/weight_max"] = float(w_all[m_all].max()) if bool(m_all.any()) else 1.0
+            rec["mismatch/capped_frac"] = float((w_all[m_all] >= cfg.rollout.mismatch_cap).float().mean())
         if cfg.kl.target_kl is not None:
             beta = adaptive_beta(beta, rec["kl/k1"], cfg.kl.target_kl, cfg.kl.adapt_rate)
         if cfg.kl.reset_ref_every and (step + 1) % cfg.kl.reset_ref_every == 0:
@@ -894,6 +925,14 @@ def summarize(records: list[dict]) -> dict:
             sum(r["time/step"] for r in records if "time/step" in r) / max(1, sum("time/step" in r for r in records))
         ),
     }
+
+
+def _sampler_options(cfg: Config) -> dict:
+    if cfg.rollout.engine == "klgrad":
+        return {"fast": cfg.model.fast_forward}
+    if cfg.rollout.engine == "vllm":
+        return {"seed": cfg.train.seed}
+    return {}
 
 
 def _attn(cfg: Config) -> str | None:

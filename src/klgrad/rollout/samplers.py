@@ -131,7 +131,11 @@ def _finish(
     mask = ~after_eos
     resp = resp.masked_fill(~mask, pad_id)
     lp = lp.masked_fill(~mask, 0.0)
-    truncated = ~is_eos.any(-1) if resp.shape[1] == max_new_tokens else torch.zeros(resp.shape[0], dtype=torch.bool)
+    truncated = (
+        ~is_eos.any(-1)
+        if resp.shape[1] == max_new_tokens
+        else torch.zeros(resp.shape[0], dtype=torch.bool, device=resp.device)
+    )
     return Rollout(prompt_ids, prompt_mask, resp, mask, lp, truncated)
 
 
@@ -180,12 +184,13 @@ class KVCacheSampler:
             advance = decoder.step
         else:
             last_logits, advance = _hf_decoder(model, prompt_ids, prompt_mask, group_size)
-        n = last_logits.shape[0]
+        n, device = last_logits.shape[0], last_logits.device
         u_all = _check_uniforms(uniforms, n, max_new_tokens) if uniforms is not None else None
         if u_all is None and not greedy:
-            u_all = draw_uniforms(n, max_new_tokens, generator)
-        done = torch.zeros(n, dtype=torch.bool)
-        alive = torch.arange(n)  # rows the decoder still computes, in its order (finished rows are dropped)
+            u_all = draw_uniforms(n, max_new_tokens, generator)  # on the CPU generator's device
+        u_all = u_all.to(device) if u_all is not None else None
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        alive = torch.arange(n, device=device)  # rows the decoder still computes (finished rows are dropped)
         tokens: list[Tensor] = []
         logps: list[Tensor] = []
         for step in range(max_new_tokens):
@@ -193,9 +198,9 @@ class KVCacheSampler:
             tok_a, lp_a = _sample(last_logits, temperature, top_p, greedy, u)  # (A,), (A,)
             done_a = done[alive]  # finished but not yet dropped: pad
             tok_a = torch.where(done_a, torch.full_like(tok_a, self.pad_id), tok_a)
-            tok = torch.full((n,), self.pad_id, dtype=tok_a.dtype)
+            tok = torch.full((n,), self.pad_id, dtype=tok_a.dtype, device=device)
             tok[alive] = tok_a
-            lp = torch.zeros(n, dtype=lp_a.dtype)
+            lp = torch.zeros(n, dtype=lp_a.dtype, device=device)
             lp[alive] = torch.where(done_a, torch.zeros_like(lp_a), lp_a)
             tokens.append(tok)
             logps.append(lp)
@@ -235,7 +240,7 @@ def _hf_decoder(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor,
 
     def step(tok: Tensor) -> Tensor:
         n = tok.shape[0]
-        state["attn"] = torch.cat([state["attn"], torch.ones(n, 1, dtype=torch.long)], dim=1)
+        state["attn"] = torch.cat([state["attn"], torch.ones(n, 1, dtype=torch.long, device=tok.device)], dim=1)
         out = model(
             input_ids=tok[:, None],
             attention_mask=state["attn"],
@@ -311,10 +316,12 @@ SAMPLERS = {"klgrad": KVCacheSampler, "hf": HFGenerateSampler, "vllm": _vllm_sam
 def make_sampler(engine: str, eos_id: int, pad_id: int, **options) -> Sampler:
     """``klgrad`` (KV-cache), ``hf`` (transformers generate) or ``vllm`` (GPU; built lazily).
 
-    ``options`` go to the vLLM sampler only (see :class:`klgrad.rollout.vllm_engine.VLLMSampler`).
+    ``options``: ``fast`` for ``klgrad`` (see :class:`KVCacheSampler`); the vLLM sampler's own (see
+    :class:`klgrad.rollout.vllm_engine.VLLMSampler`).
     """
     if engine not in SAMPLERS:
         raise ValueError(f"rollout.engine must be one of {sorted(SAMPLERS)}, got {engine!r}")
-    if options and engine != "vllm":
-        raise ValueError(f"rollout.engine {engine!r} takes no options, got {sorted(options)}")
+    allowed = {"klgrad": {"fast"}, "hf": set()}.get(engine)
+    if allowed is not None and set(options) - allowed:
+        raise ValueError(f"rollout.engine {engine!r} takes only {sorted(allowed)}, got {sorted(options)}")
     return SAMPLERS[engine](eos_id, pad_id, **options)
