@@ -179,9 +179,12 @@ def test_config_mismatch_fields():
             load_config(overrides=bad)
 
 
-def test_other_engines_take_no_options():
-    with pytest.raises(ValueError, match="takes no options"):
+def test_other_engines_refuse_vllm_options():
+    with pytest.raises(ValueError, match=r"takes only \['fast'\]"):
         make_sampler("klgrad", 1, 0, model_path="x")
+    with pytest.raises(ValueError, match=r"takes only \[\]"):
+        make_sampler("hf", 1, 0, fast=True)
+    assert not make_sampler("klgrad", 1, 0, fast=False).fast
 
 
 def test_weight_change_detector_sees_optimizer_steps_and_loads():
