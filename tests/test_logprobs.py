@@ -27,6 +27,7 @@ from klgrad.logprobs import (
     sequence_logprobs,
     token_entropy,
     token_logprobs,
+    token_logprobs_and_entropy,
 )
 from klgrad.models import build_char_tokenizer, build_tiny_model
 
@@ -154,6 +155,34 @@ def test_gradient_matches_naive_autograd(temperature, dtype, tol):
     )
     naive = grads(lambda x: naive_logprobs(x, tokens, temperature), lambda x: naive_entropy(x, temperature))
     torch.testing.assert_close(ours, naive, rtol=10 * tol, atol=tol)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, None])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_fused_logprobs_and_entropy_gradcheck(chunk, temperature):
+    logits, tokens = random_logits(torch.float64, 1, scale=1.0, shape=(2, 5, 6))
+    logits.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: token_logprobs_and_entropy(x, tokens, temperature, chunk), (logits,))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.float64, 1e-13)])
+def test_fused_pair_equals_the_two_functions(temperature, dtype, tol):
+    """Values and the single combined gradient equal token_logprobs + token_entropy (and so the naive path)."""
+    logits, tokens = random_logits(dtype, 5)
+    w = torch.randn(B, T, generator=torch.Generator().manual_seed(3), dtype=dtype)
+
+    def run(fused):
+        x = logits.clone().requires_grad_(True)
+        if fused:
+            lp, ent = token_logprobs_and_entropy(x, tokens, temperature, chunk_size=2)
+        else:
+            lp, ent = naive_logprobs(x, tokens, temperature), naive_entropy(x, temperature)
+        ((w * lp).sum() + (w.flip(0) * ent).sum()).backward()
+        return lp.detach(), ent.detach(), x.grad
+
+    for a, b in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(a, b, rtol=10 * tol, atol=tol)
 
 
 def test_bf16_gradient_has_input_dtype():
