@@ -129,3 +129,19 @@ def test_docs_configuration_reference_is_up_to_date():
 
     doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert config_reference() in doc, "docs/configuration.md is stale: run `python -m klgrad.config`"
+
+
+@pytest.mark.parametrize(("device", "message"), [("tpu", "must be auto, cpu, cuda or cuda:N"), ("cuda:x", "cuda:N")])
+def test_model_device_is_validated(device, message):
+    with pytest.raises(ConfigError, match=rf"model\.device .*{message}"):
+        load_config(None, {"model.device": device})
+
+
+def test_cuda_device_without_a_gpu_is_refused_naming_the_field():
+    import torch
+
+    if torch.cuda.is_available():  # on a GPU machine the setting is valid
+        assert load_config(None, {"model.device": "cuda"}).model.device == "cuda"
+    else:
+        with pytest.raises(ConfigError, match=r"model\.device 'cuda': no CUDA GPU"):
+            load_config(None, {"model.device": "cuda"})

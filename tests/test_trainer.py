@@ -209,6 +209,7 @@ def test_fast_forward_off_switch_and_identity_mismatch_correction_train_the_same
         "fast": {},
         "hf": {"model.fast_forward": False},
         "tis": {"rollout.mismatch_correction": "token"},
+        "cpu": {"model.device": "cpu"},  # explicit device = what auto resolves to on this machine
     }
     final, records = {}, {}
     for name, over in runs.items():
@@ -216,7 +217,7 @@ def test_fast_forward_off_switch_and_identity_mismatch_correction_train_the_same
         train(cfg, progress=False)
         final[name] = weights(tmp_path / name / "run" / "checkpoints" / "step_000003" / "policy.safetensors")
         records[name] = [json.loads(x) for x in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
-    for name in ("hf", "tis"):
+    for name in ("hf", "tis", "cpu"):
         assert [r.get("reward/mean") for r in records[name]] == [r.get("reward/mean") for r in records["fast"]]
         for k, w in final["fast"].items():
             torch.testing.assert_close(final[name][k], w, rtol=0, atol=1e-5, msg=f"{name}: {k}")

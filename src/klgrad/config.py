@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -38,6 +39,16 @@ class ModelConfig:
     """Attention kernel; auto = eager on CPU (never slower there in our measurement), sdpa on GPU."""
     fast_forward: bool = True
     """Llama/Qwen2/Mistral: klgrad's functional forward for rollout and shared-prompt log-probs (false: HF's)."""
+    device: str = "auto"
+    """Where klgrad train runs the policy and reference: auto (cuda when available, else cpu), cpu, cuda, cuda:N."""
+
+    def validate(self, at: str) -> None:
+        ok = self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", self.device) is not None
+        _check(ok, at, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.device.startswith("cuda"):
+            import torch
+
+            _check(torch.cuda.is_available(), at, "device", f"{self.device!r}: no CUDA GPU is visible to torch here")
 
 
 @dataclass

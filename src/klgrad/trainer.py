@@ -45,7 +45,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from klgrad.advantages import shape_rewards
-from klgrad.config import Config, to_dict
+from klgrad.config import Config, ConfigError, to_dict
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
@@ -334,7 +334,7 @@ def pad_responses(rollout: Rollout, width: int, pad_id: int) -> Rollout:
     n = rollout.response_ids.shape[0]
 
     def pad(x: Tensor, value) -> Tensor:
-        return torch.cat([x, torch.full((n, extra), value, dtype=x.dtype)], dim=1)  # (n, width)
+        return torch.cat([x, torch.full((n, extra), value, dtype=x.dtype, device=x.device)], dim=1)  # (n, width)
 
     return dataclasses.replace(
         rollout,
@@ -366,7 +366,8 @@ def merge_rewards(parts: list[RewardResult]) -> RewardResult:
 def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs, sampler, seed: int) -> dict:
     """Greedy accuracy, sampled reward and sequence KL to the reference on held-out prompts."""
     prompts = [e.prompt for e in examples]
-    ids, mask = encode_prompts(tokenizer, prompts)
+    device = next(policy.parameters()).device
+    ids, mask = (x.to(device) for x in encode_prompts(tokenizer, prompts))
     columns = examples_to_columns(examples)
     out: dict[str, float] = {}
     greedy = sampler.generate(policy, ids, mask, group_size=1, max_new_tokens=cfg.rollout.max_new_tokens, greedy=True)
@@ -624,8 +625,10 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         _require_wandb()
     specs = reward_specs(cfg)
     model_dir = reference_path(cfg)
-    policy, tokenizer = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg))
-    ref, _ = load_model_and_tokenizer(model_dir, dtype=cfg.model.dtype, attn_implementation=_attn(cfg))
+    device = resolve_device(cfg.model.device, dist.world)
+    load = dict(dtype=cfg.model.dtype, attn_implementation=_attn(cfg), device=device)
+    policy, tokenizer = load_model_and_tokenizer(model_dir, **load)
+    ref, _ = load_model_and_tokenizer(model_dir, **load)
     ref.eval().requires_grad_(False)
     policy.train()
     sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **_sampler_options(cfg))
@@ -718,7 +721,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         examples = [train_set[i] for i in idx]  # the same P prompts on every rank
         # 1-2. rollout: G responses per prompt, groups contiguous. All P prompts are encoded, so the left
         # padding is the single-process one; this rank answers its shard with its prompts' own uniforms.
-        prompt_ids, prompt_mask = encode_prompts(tokenizer, [e.prompt for e in examples])  # (P, L)
+        prompt_ids, prompt_mask = (x.to(device) for x in encode_prompts(tokenizer, [e.prompt for e in examples]))
         examples = examples[mine]
         if cfg.rollout.engine == "klgrad":
             randomness = {"uniforms": rollout_uniforms(cfg.train.seed, step, mine, g, cfg.rollout.max_new_tokens)}
@@ -750,7 +753,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
             failure_value=cfg.reward.failure_value,
             timeout_s=cfg.reward.timeout_s,
         )
-        rewards = torch.tensor(rres.total, dtype=torch.float32)  # (n,)
+        rewards = torch.tensor(rres.total, dtype=torch.float32, device=device)  # (n,)
         rres = merge_rewards(dist.gather_objects(rres))  # every rank's rows, in prompt order
         failed = sum(rres.failures.values())
         budget = cfg.reward.max_failure_fraction
@@ -801,7 +804,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         t_update = time.perf_counter()
         # 7. metrics (SPEC §9) of the whole step's batch: KL estimates from the sampler's log-probs of the
         # pre-update policy
-        rewards_all = torch.tensor(rres.total, dtype=torch.float32)  # (N,)
+        rewards_all = torch.tensor(rres.total, dtype=torch.float32, device=device)  # (N,)
         mask_all, ref_all = dist.gather(rollout.response_mask), dist.gather(ref_logp)  # (N, T)
         diag = objective_diagnostics(dist.gather(rollout.logp), ref_all, mask_all, torch.zeros_like(ref_all), spec)
         _, shaping_stats = shape_rewards(
@@ -925,6 +928,18 @@ def summarize(records: list[dict]) -> dict:
             sum(r["time/step"] for r in records if "time/step" in r) / max(1, sum("time/step" in r for r in records))
         ),
     }
+
+
+def resolve_device(setting: str, world: int) -> torch.device:
+    """``model.device``: auto = cuda when torch sees a GPU, else cpu. Several processes run on the CPU (the
+    distributed path is verified with gloo on CPU only; a GPU run there is refused rather than untested)."""
+    if world > 1:
+        if setting not in ("auto", "cpu"):
+            raise ConfigError(f"model.device {setting!r}: distributed runs are CPU-only for now (docs/distributed.md)")
+        return torch.device("cpu")
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
 
 
 def _sampler_options(cfg: Config) -> dict:
