@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from klgrad.config import ConfigError, load_config
 from klgrad.objective import ObjectiveSpec, decoupled_advantages, policy_objective
+from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.rollout.samplers import make_sampler
-from klgrad.rollout.vllm_engine import _requirements_error, mismatch_weights, vllm_unavailable_reason
+from klgrad.rollout.vllm_engine import _requirements_error, vllm_unavailable_reason
 
 F64 = torch.float64
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}

@@ -312,7 +312,7 @@ def policy_objective(
         num_sequences, num_tokens: global normalisers for micro-batching (default: this batch's).
         behaviour_weights: (B, T) detached per-token weights w multiplying the reward head's per-token loss
             terms, e.g. the truncated importance weights of
-            :func:`klgrad.rollout.vllm_engine.mismatch_weights` that correct for a rollout engine whose
+            :func:`klgrad.rollout.mismatch.mismatch_weights` that correct for a rollout engine whose
             log-probs differ from the trainer's (TIS). The KL head is not reweighted (as in verl's TIS).
             None (default) = all ones: results unchanged.
     """

@@ -62,8 +62,8 @@ from klgrad.objective import (
 )
 from klgrad.rewards import RewardResult, RewardSpec, compute_rewards
 from klgrad.rollout.encoding import decode_responses, encode_prompts
+from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.rollout.samplers import Rollout, make_sampler
-from klgrad.rollout.vllm_engine import mismatch_weights
 
 EMBEDDED_DIR = Path(__file__).parent / "assets"
 """Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_scratchpad``), made by ``klgrad sft``."""

@@ -105,8 +105,7 @@ def _sample(logits: Tensor, temperature: float, top_p: float, greedy: bool, u: T
         tok = (cdf <= target).sum(-1).clamp(max=probs.shape[-1] - 1)  # (N,) first v with F(v) > u·F(V)
         # a zero-probability token can only be hit through float ties at the edge: step back to a live one
         dead = probs.gather(-1, tok[:, None]).squeeze(-1) == 0  # (N,)
-        if bool(dead.any()):
-            tok = torch.where(dead, probs.argmax(-1), tok)
+        tok = torch.where(dead, probs.argmax(-1), tok)  # no host sync per decode step
     return tok, logprobs.gather(-1, tok[:, None]).squeeze(-1)
 
 
