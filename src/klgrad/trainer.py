@@ -52,7 +52,7 @@ from klgrad.data.tasks import make_splits
 from klgrad.distributed import Dist, check_config
 from klgrad.kl import get_kl_head
 from klgrad.logprobs import sequence_logprobs
-from klgrad.models import load_model_and_tokenizer
+from klgrad.models import disable_dropout, load_model_and_tokenizer
 from klgrad.objective import (
     ObjectiveSpec,
     combined_advantages,
@@ -629,6 +629,10 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     load = dict(dtype=cfg.model.dtype, attn_implementation=_attn(cfg), device=device)
     policy, tokenizer = load_model_and_tokenizer(model_dir, **load)
     ref, _ = load_model_and_tokenizer(model_dir, **load)
+    # dropout off in both: every log-prob klgrad compares (behaviour, current, reference) must be of one
+    # deterministic policy, whether taken in train mode or eval mode, with the fast forward or transformers'
+    disable_dropout(policy)
+    disable_dropout(ref)
     ref.eval().requires_grad_(False)
     policy.train()
     sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **_sampler_options(cfg))
