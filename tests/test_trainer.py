@@ -258,3 +258,15 @@ def test_dropout_is_off_in_rl_so_step_one_has_zero_kl_and_unit_ratios(tmp_path, 
     assert abs(rec["kl/k1"]) <= 1e-5, rec["kl/k1"]
     assert abs(rec["ratio/mean"] - 1.0) <= 1e-5, rec["ratio/mean"]
     assert abs(rec["ratio/max"] - 1.0) <= 1e-5, rec["ratio/max"]
+
+
+def test_top_p_run_without_kl_head_evaluates_kl_on_the_full_distribution(tmp_path):
+    """rollout.top_p < 1 is allowed without a KL head, on-policy; eval's KL estimates then come from an
+    untruncated sample (the sampler's log-probs are of the full distribution)."""
+    cfg = small(tmp_path, **{"rollout.top_p": 0.9, "kl.head": "none", "train.steps": 1, "train.eval_every": 0})
+    train(cfg, progress=False)
+    rec = read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl")[-1]
+    assert rec["step"] == 1
+    assert math.isfinite(rec["eval/sampled_reward"])
+    assert math.isfinite(rec["eval/kl_k1"])
+    assert rec["eval/kl_k3"] >= 0.0

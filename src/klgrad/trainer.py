@@ -364,7 +364,13 @@ def merge_rewards(parts: list[RewardResult]) -> RewardResult:
 
 @torch.no_grad()
 def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs, sampler, seed: int) -> dict:
-    """Greedy accuracy, sampled reward and sequence KL to the reference on held-out prompts."""
+    """Greedy accuracy, sampled reward and sequence KL to the reference on held-out prompts.
+
+    The sampled reward is of the configured sampler (``rollout.top_p`` included). The KL estimates k1, k3 are of
+    KL(π‖π_ref) between the full distributions, so they come from samples of the full policy: with
+    ``top_p < 1`` (allowed only without a KL head) a second, untruncated sample is drawn for them, since the
+    sampler's log-probs are of the full distribution and a truncated sample would make k1 estimate nothing.
+    """
     prompts = [e.prompt for e in examples]
     device = next(policy.parameters()).device
     ids, mask = (x.to(device) for x in encode_prompts(tokenizer, prompts))
@@ -391,6 +397,16 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
     out["eval/sampled_reward"] = sum(res.total) / len(res.total)
     if "accuracy" in res.per_function:
         out["eval/sampled_accuracy"] = sum(res.per_function["accuracy"]) / len(prompts)
+    if cfg.rollout.top_p < 1.0:
+        sampled = sampler.generate(
+            policy,
+            ids,
+            mask,
+            group_size=1,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            generator=gen,
+        )
     ref_lp, _ = sequence_logprobs(ref, sampled.input_ids, sampled.attention_mask, ids.shape[1], cfg.rollout.temperature)
     u = torch.where(sampled.response_mask, sampled.logp - ref_lp, 0.0).sum(-1)  # (N,) sequence log-ratio
     out["eval/kl_k1"] = float(u.mean())
