@@ -159,7 +159,7 @@ class KLConfig:
     clip_eps: float | None = 0.2
     """Off-policy symmetric clip of the decoupled KL head (None: IS only)."""
     ratio_level: Literal["token", "sequence"] = "sequence"
-    """Off-policy importance ratio of the KL head."""
+    """Off-policy importance ratio of the KL head (no gspo: exactness needs the true sequence IS weight)."""
     is_correction: bool = True
     """False reproduces the common bug (no IS on an as-loss KL off-policy); comparisons only."""
     target_kl: float | None = None
@@ -197,8 +197,8 @@ class AlgoConfig:
     """Reward head PPO clip ε_high."""
     dual_clip: float | None = None
     """Dual-clip constant (> 1) for negative advantages; None = off."""
-    ratio_level: Literal["token", "sequence"] = "token"
-    """Reward head importance ratio level."""
+    ratio_level: Literal["token", "sequence", "gspo"] = "token"
+    """Reward head ratio, Δ_t = log π_t - log π_old,t: token exp(Δ_t); sequence exp(Σ_t Δ_t); gspo exp(mean_t Δ_t)."""
     aggregation: Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"] = "seq_mean_token_sum"
     """Loss aggregation."""
     entropy_coef: float = 0.0
