@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from klgrad.cli import main
 from klgrad.experiments.compare import method_overrides, run_compare
@@ -66,3 +67,39 @@ def test_cli_rejects_bad_grids(capsys):
     assert main(["compare", "--methods", "k4_as_loss"]) == 2
     assert "unknown methods" in capsys.readouterr().err
     assert main(["compare", "--seeds", "1"]) == 2
+
+
+def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
+    """kl.reset_ref_every = 2 with 2 steps: the reference is reset to the policy after the last step, so the
+    run ends regularised towards itself and its final KL is exactly 0 (the policy did move: lr 1e-3)."""
+    from safetensors.torch import load_file
+
+    from klgrad.config import load_config
+    from klgrad.experiments.compare import final_kl
+    from klgrad.trainer import EMBEDDED_DIR, train
+
+    over = {
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "data.n_eval": 8,
+        "data.n_train": 200,
+        "train.steps": 2,
+        "train.eval_every": 0,
+        "train.out_dir": str(tmp_path / "run"),
+        "train.tensorboard": False,
+        "optim.lr": 1e-3,
+        "kl.reset_ref_every": 2,
+    }
+    cfg = load_config("configs/tiny_add.yaml", over)
+    train(cfg, progress=False)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    policy, start = (
+        load_file(str(ckpt / "policy.safetensors")),
+        load_file(str(EMBEDDED_DIR / "tiny_addition" / "model.safetensors")),
+    )
+    assert any(not torch.equal(policy[k], start[k]) for k in policy if k in start)  # the policy moved
+    out = final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4)
+    assert out["exact_kl"] == 0.0
+    # sampled: the sampler's KV-cache log-probs vs a full forward of the same weights, float32 rounding only
+    assert abs(out["sampled_k1"]) < 1e-5
+    assert abs(out["sampled_k3"]) < 1e-5

@@ -145,3 +145,29 @@ def test_cuda_device_without_a_gpu_is_refused_naming_the_field():
     else:
         with pytest.raises(ConfigError, match=r"model\.device 'cuda': no CUDA GPU"):
             load_config(None, {"model.device": "cuda"})
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"rollout.top_p": 0.9},  # default kl.head k2_as_loss
+        {"rollout.top_p": 0.9, "kl.head": "none", "algo.ppo_epochs": 2},
+        {"rollout.top_p": 0.9, "kl.head": "none", "algo.mini_batches": 2},
+    ],
+)
+def test_top_p_is_refused_with_a_kl_head_or_off_policy(overrides):
+    with pytest.raises(ConfigError, match=r"^rollout\.top_p must be 1\.0 .*full distribution"):
+        load_config(None, overrides)
+
+
+def test_top_p_is_allowed_without_a_kl_head_on_policy():
+    assert load_config(None, {"rollout.top_p": 0.9, "kl.head": "none"}).rollout.top_p == 0.9
+
+
+def test_gspo_ratio_is_a_reward_head_level_only():
+    from klgrad.trainer import objective_spec
+
+    cfg = load_config(None, {"algo.ratio_level": "gspo", "algo.clip_eps_low": 3e-4, "algo.clip_eps_high": 4e-4})
+    assert objective_spec(cfg).ratio_level == "gspo"
+    with pytest.raises(ConfigError, match=r"^kl\.ratio_level must be one of \['token', 'sequence'\]"):
+        load_config(None, {"kl.ratio_level": "gspo"})

@@ -225,6 +225,8 @@ def test_missing_trl_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> Non
         ({"clip_eps": 1.5}, "clip_eps"),
         ({"ratio_level": "batch"}, "ratio_level"),
         ({"shaping": "zscore"}, "shaping"),
+        ({"std_min": 0.0}, "std_min"),
+        ({"std_max": -1.0}, "std_max"),
         ({"form": "combined", "level": "token"}, "level"),
     ],
 )
@@ -393,6 +395,31 @@ def test_k1_in_reward_combined_matches_combined_advantages(setup: dict, dataset:
     )
     d_logp, d_param = grads.diff(core)
     check(f"(b) k1_in_reward combined {level}", advantage=adv_diff, d_logp=d_logp, d_param=d_param)
+
+
+def test_combined_std_min_std_max_pass_through(setup: dict, dataset: Dataset) -> None:
+    """std_min / std_max reach combined_advantages: with std_min = 10 (above any group std of R - β·C here, so it
+    binds) TRL's advantages equal klgrad core's with the same bounds and differ from the unclipped ones."""
+    model, tok, out = setup["model"], setup["tokenizer"], setup["out"]
+    model.eval()
+    recorder = Recorder()
+    cfg = KLGradTRLConfig("k1_in_reward", "sequence", "combined", std_min=10.0, std_max=20.0)
+    ours = make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, reward=recorder, klgrad_config=cfg)
+    torch.manual_seed(2)
+    batch = ours._generate_and_score_completions(setup["rows"])
+    mask = batch["completion_mask"].bool()
+    rewards = torch.tensor(recorder.last)  # (B,) raw R
+    with torch.no_grad():
+        logp_gen = policy_logps(ours, model, batch)
+
+    def core(**bounds: float) -> torch.Tensor:
+        return combined_advantages(
+            rewards, "k1_in_reward", logp_gen, batch["ref_per_token_logps"], mask,
+            beta=BETA, level="sequence", group_size=GROUP, method="grpo", **bounds,
+        )  # fmt: skip
+
+    assert max_abs(batch["advantages"], core(std_min=10.0, std_max=20.0)) < 1e-6
+    assert max_abs(batch["advantages"], core()) > 1e-3  # std_min binds
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from klgrad.models import (
     build_tiny_model,
     count_parameters,
     default_attention,
+    disable_dropout,
     load_model_and_tokenizer,
     save_model_and_tokenizer,
     tiny_llama_config,
@@ -249,3 +250,26 @@ def test_load_directory_without_tokenizer(tokenizer, tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["vocab_size"] == 90
     with pytest.raises(FileNotFoundError, match=f"{re.escape(str(tmp_path))}.*no tokenizer"):
         load_model_and_tokenizer(tmp_path)
+
+
+def test_disable_dropout_llama_attention_and_gpt2_modules(tokenizer):
+    """Llama has no nn.Dropout: its attention reads ``self.attention_dropout`` (copied from the config) in train
+    mode. GPT-2 has nn.Dropout modules and *_pdrop config values. After disable_dropout, two train-mode forwards
+    give identical logits, equal to the eval-mode ones."""
+    llama = build_tiny_model(tokenizer, seed=0, **TINY, attention_dropout=0.5).train()
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(vocab_size=20, n_positions=16, n_embd=16, n_layer=2, n_head=2, attn_implementation="eager")
+    ).train()
+    for model, vocab in ((llama, len(tokenizer)), (gpt2, 20)):
+        ids = torch.randint(vocab, (3, 10), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            assert not torch.equal(model(ids).logits, model(ids).logits)  # dropout is on
+            assert disable_dropout(model) > 0
+            a, b = model(ids).logits, model(ids).logits
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            torch.testing.assert_close(model.eval()(ids).logits, a, rtol=0, atol=0)
+        assert disable_dropout(model) == 0  # nothing left to change
+    assert llama.config.attention_dropout == 0.0
+    assert all(m.self_attn.attention_dropout == 0.0 for m in llama.model.layers)
+    assert (gpt2.config.resid_pdrop, gpt2.config.embd_pdrop, gpt2.config.attn_pdrop) == (0.0, 0.0, 0.0)
+    assert all(m.p == 0.0 for m in gpt2.modules() if isinstance(m, torch.nn.Dropout))

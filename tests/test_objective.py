@@ -886,3 +886,51 @@ def test_diagnostics_keep_float64_precision():
     d = objective_diagnostics(l, r, m, adv, ObjectiveSpec(), old_logp=o)
     bad = {k: (d[k], v) for k, v in expected.items() if not math.isclose(d[k], v, rel_tol=1e-10, abs_tol=1e-12)}
     assert not bad, f"(got, float64 truth): {bad}"
+
+
+def test_gspo_ratio_is_the_length_normalised_sequence_ratio_with_gspo_token_gradient():
+    """Two responses of lengths 3 and 1 (left padding with garbage, even NaN, in the masked slots):
+    s_i = exp((1/|y_i|) Σ_t (l_t - o_t)) on every token, gradient of Σ_t s_{i,t} w.r.t. l_t is s_i (GSPO-token);
+    a response without tokens gets 1."""
+    from klgrad.kl import gspo_ratio, importance_ratio
+
+    nan = float("nan")
+    l = torch.tensor([[-1.0, -0.5, -2.0, -0.25], [nan, nan, nan, -0.7], [nan, nan, nan, nan]], requires_grad=True)
+    o = torch.tensor([[-1.2, -0.4, -1.0, -0.75], [nan, 5.0, nan, -0.4], [nan, nan, nan, nan]])
+    m = torch.tensor([[False, True, True, True], [False, False, False, True], [False] * 4])
+    s0 = math.exp(((-0.5 + 0.4) + (-2.0 + 1.0) + (-0.25 + 0.75)) / 3)  # = exp(-0.2)
+    s1 = math.exp(-0.7 + 0.4)
+    ratio = gspo_ratio(l, o, m)
+    expected = torch.tensor([[s0] * 4, [s1] * 4, [1.0] * 4])
+    torch.testing.assert_close(torch.where(m, ratio, 0.0), torch.where(m, expected, 0.0))
+    torch.testing.assert_close(ratio[2], torch.ones(4))
+    torch.where(m, ratio, 0.0).sum().backward()
+    grad = torch.tensor([[0.0, s0, s0, s0], [0.0, 0.0, 0.0, s1], [0.0] * 4])
+    torch.testing.assert_close(l.grad, grad)
+    torch.testing.assert_close(importance_ratio(l, o, m, "gspo"), ratio)
+    # the unnormalised sequence level is exp of the sum, not of the mean
+    seq = importance_ratio(l, o, m, "sequence")
+    torch.testing.assert_close(seq[0, 1:], torch.full((3,), s0**3))
+
+
+def test_gspo_level_in_the_reward_head_is_gspo_loss():
+    """ratio_level gspo + seq_mean_token_mean: loss (1/B) Σ_i max(-A_i s_i, -A_i clip(s_i, 1-ε_l, 1+ε_h)) and
+    gradient -(1/B) Σ_i A_i s_i (1/|y_i|) Σ_t ∇l_t where unclipped (GSPO, Zheng et al. 2025)."""
+    torch.manual_seed(0)
+    l = (torch.randn(3, 5) * 0.01 - 1.0).requires_grad_(True)
+    o = l.detach() + torch.randn(3, 5) * 0.01
+    m = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], dtype=torch.bool)
+    a = torch.tensor([1.0, -0.5, 2.0])
+    spec = ObjectiveSpec(ratio_level="gspo", clip_eps_low=3e-4, clip_eps_high=4e-4, aggregation="seq_mean_token_mean")
+    adv = torch.where(m, a[:, None], 0.0)
+    loss = policy_objective(l, l.detach(), m, adv, spec, old_logp=o).loss
+    n = m.sum(-1)
+    s = torch.exp(torch.where(m, l.detach() - o, 0.0).sum(-1) / n)  # (B,)
+    per_seq = torch.maximum(-a * s, -a * s.clamp(1 - 3e-4, 1 + 4e-4))
+    torch.testing.assert_close(loss, per_seq.mean())
+    loss.backward()
+    live = (-a * s >= -a * s.clamp(1 - 3e-4, 1 + 4e-4)).float()  # (B,) the unclipped branch is the max
+    grad = torch.where(m, (-(a * s * live) / n / 3)[:, None], 0.0)
+    torch.testing.assert_close(l.grad, grad)
+    with pytest.raises(ValueError, match="kl_ratio_level"):
+        ObjectiveSpec(kl_ratio_level="gspo")

@@ -244,3 +244,49 @@ def test_fast_forward_off_switch_and_identity_mismatch_correction_train_the_same
         for k, w in final["fast"].items():
             torch.testing.assert_close(final[name][k], w, rtol=0, atol=bound, msg=f"{name}: {k}")
     assert all("mismatch/weight_mean" not in r for r in records["fast"])
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_dropout_is_off_in_rl_so_step_one_has_zero_kl_and_unit_ratios(tmp_path, fast_forward):
+    """The embedded reference with attention dropout 0.1 in its config. At step 1 policy = reference, and
+    with lr 1e-30 the weights do not move (float32 spacing near the weights is ~1e-9), so both epochs of
+    ppo_epochs=2 are at policy = reference = behaviour: the KL loss (k2 coefficient l̄ - r times the ratio) must
+    be 0 and every importance ratio 1. With dropout on in the policy's train-mode passes both are noise
+    (|log-ratio| of order 1), whichever forward (fast or transformers') is used."""
+    import shutil
+
+    model_dir = tmp_path / "dropout_model"
+    shutil.copytree(EMBEDDED_DIR / "tiny_addition", model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.1}))
+    cfg = small(
+        tmp_path,
+        **{
+            "model.path": str(model_dir),
+            "model.fast_forward": fast_forward,
+            "algo.ppo_epochs": 2,
+            "algo.micro_batch_size": 16,  # the whole batch in one forward: the reference's shapes exactly
+            "optim.lr": 1e-30,
+            "train.steps": 1,
+            "train.eval_every": 0,
+        },
+    )
+    train(cfg, progress=False)
+    rec = next(r for r in read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl") if r["step"] == 1)
+    # float32 log-probs of <= 8 tokens summed: rounding of order 8 * 20 * 6e-8 ~ 1e-5 even if the passes differ
+    assert abs(rec["loss/kl"]) <= 1e-5, rec["loss/kl"]
+    assert abs(rec["kl/k1"]) <= 1e-5, rec["kl/k1"]
+    assert abs(rec["ratio/mean"] - 1.0) <= 1e-5, rec["ratio/mean"]
+    assert abs(rec["ratio/max"] - 1.0) <= 1e-5, rec["ratio/max"]
+
+
+def test_top_p_run_without_kl_head_evaluates_kl_on_the_full_distribution(tmp_path):
+    """rollout.top_p < 1 is allowed without a KL head, on-policy; eval's KL estimates then come from an
+    untruncated sample (the sampler's log-probs are of the full distribution)."""
+    cfg = small(tmp_path, **{"rollout.top_p": 0.9, "kl.head": "none", "train.steps": 1, "train.eval_every": 0})
+    train(cfg, progress=False)
+    rec = read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl")[-1]
+    assert rec["step"] == 1
+    assert math.isfinite(rec["eval/sampled_reward"])
+    assert math.isfinite(rec["eval/kl_k1"])
+    assert rec["eval/kl_k3"] >= 0.0

@@ -94,7 +94,7 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature; log-probs for training are taken at the same temperature."""
     top_p: float = 1.0
-    """Nucleus sampling mass (1.0 = off)."""
+    """Nucleus sampling mass (1.0 = off); < 1 only with kl.head none and on-policy (log-probs are untruncated)."""
     mismatch_correction: Literal["none", "token", "sequence"] = "none"
     """Truncated IS for sampler-vs-trainer log-prob mismatch: w = min(π_trainer/π_sampler, cap) per token/response."""
     mismatch_cap: float = 2.0
@@ -159,7 +159,7 @@ class KLConfig:
     clip_eps: float | None = 0.2
     """Off-policy symmetric clip of the decoupled KL head (None: IS only)."""
     ratio_level: Literal["token", "sequence"] = "sequence"
-    """Off-policy importance ratio of the KL head."""
+    """Off-policy importance ratio of the KL head (no gspo: exactness needs the true sequence IS weight)."""
     is_correction: bool = True
     """False reproduces the common bug (no IS on an as-loss KL off-policy); comparisons only."""
     target_kl: float | None = None
@@ -197,8 +197,8 @@ class AlgoConfig:
     """Reward head PPO clip ε_high."""
     dual_clip: float | None = None
     """Dual-clip constant (> 1) for negative advantages; None = off."""
-    ratio_level: Literal["token", "sequence"] = "token"
-    """Reward head importance ratio level."""
+    ratio_level: Literal["token", "sequence", "gspo"] = "token"
+    """Reward head ratio, Δ_t = log π_t - log π_old,t: token exp(Δ_t); sequence exp(Σ_t Δ_t); gspo exp(mean_t Δ_t)."""
     aggregation: Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"] = "seq_mean_token_sum"
     """Loss aggregation."""
     entropy_coef: float = 0.0
@@ -304,6 +304,19 @@ class Config:
             "rollout.",
             "group_size",
             f"must be >= 2 for group shaping {self.algo.shaping!r}",
+        )
+        # every log-prob klgrad takes (policy, reference, behaviour, exact KL) is of the full distribution at the
+        # temperature; a top-p sampler draws from the truncated one, so KL heads and importance ratios would be of
+        # a distribution that was not sampled
+        off_policy = self.algo.ppo_epochs > 1 or self.algo.mini_batches > 1
+        _check(
+            self.rollout.top_p == 1.0 or (self.kl.head == "none" and not off_policy),
+            "rollout.",
+            "top_p",
+            f"must be 1.0 with a KL head (kl.head = {self.kl.head!r}) or an off-policy update (algo.ppo_epochs > 1 "
+            "or algo.mini_batches > 1), got "
+            f"{self.rollout.top_p}: klgrad's log-probs are of the full distribution, and its KL heads and "
+            "importance ratios are exact only for the distribution sampled",
         )
         _check(
             b % self.algo.mini_batches == 0,

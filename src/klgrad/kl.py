@@ -2,7 +2,8 @@ r"""KL value estimators, KL heads and the KL loss.
 
 Notation (SPEC §2). Per token: ``logp`` = l (trainable policy, carries gradient), its detached copy l̄,
 ``ref_logp`` = r, ``old_logp`` = o (behaviour policy). Log-ratio u = l̄ - r; sequence log-ratio
-U = Σ_t m_t u_t. Importance ratio ρ = exp(l - o) per token, or exp(Σ_t m_t (l_t - o_t)) per sequence.
+U = Σ_t m_t u_t. Importance ratio ρ = exp(l - o) per token, or exp(Σ_t m_t (l_t - o_t)) per sequence (the
+reward head also offers GSPO's length-normalised exp((1/|y|) Σ_t m_t (l_t - o_t)), :func:`gspo_ratio`).
 
 A *head* is a scalar rule on (logp, ref_logp). Every head has an in-reward coefficient c(l̄, r): a detached
 weight on the score function ∇l. An "as loss" head also has a differentiable penalty ψ(l, r) whose
@@ -43,11 +44,14 @@ from torch import Tensor
 EstimatorKind = Literal["k1", "k2", "k3"]
 Level = Literal["sequence", "token_to_go", "token"]
 RatioLevel = Literal["token", "sequence"]
+RewardRatioLevel = Literal["token", "sequence", "gspo"]
 HeadStyle = Literal["in_reward", "as_loss", "none"]
 Target = Literal["rkl", "fkl", "mse", "local_rkl", "local_fkl", "local_mse", "expected_length", "zero"]
 
 LEVELS: tuple[str, ...] = get_args(Level)
 RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
+REWARD_RATIO_LEVELS: tuple[str, ...] = get_args(RewardRatioLevel)
+"""The reward head's ratio levels: the KL head's (exact IS weights) plus ``gspo`` (:func:`gspo_ratio`)."""
 
 EXP_CAP = 20.0
 """exp(x) is exact for x ≤ EXP_CAP and linear above (see :func:`exp_linear_tail`)."""
@@ -382,20 +386,44 @@ def level_coefficients(head: KLHead, logp: Tensor, ref_logp: Tensor, mask: Tenso
     return torch.where(mask, coef, 0.0)
 
 
+def gspo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, max_log_ratio: float = MAX_LOG_RATIO) -> Tensor:
+    r"""GSPO's length-normalised sequence ratio in its token form (GSPO-token), (B, T) -> (B, T).
+
+    s_i = exp((1/|y_i|) Σ_t m_t (l_t - o_t)), the geometric mean of the token ratios of response i with
+    |y_i| = Σ_t m_t (Zheng et al. 2025, "Group Sequence Policy Optimization"); per token
+    s_{i,t} = sg(s_i) · exp(l_t - l̄_t): value s_i on every token, gradient s_i ∇l_t. With the same advantage on
+    every token and a per-sequence token mean (aggregation ``seq_mean_token_mean``) this is GSPO's loss and
+    gradient s_i A_i (1/|y_i|) Σ_t ∇l_t exactly. GSPO clips s_i with its own small ranges (3e-4 / 4e-4 in the
+    paper). s_i is not an importance weight of the sequence distribution (that is exp(Σ_t m_t (l_t - o_t)),
+    :func:`importance_ratio` at ``sequence``), so it is offered for the reward head only. A response with no
+    token gets s = 1. The mean log-ratio is capped at ``max_log_ratio`` in value only (straight-through).
+    """
+    mask = mask.bool()
+    l = torch.where(mask, _at_least_f32(logp), 0.0)  # (B, T)
+    o = torch.where(mask, _at_least_f32(old_logp.detach()), 0.0)  # (B, T)
+    length = mask.sum(-1, keepdim=True).clamp(min=1).to(l.dtype)  # (B, 1) |y_i|
+    mean_log_ratio = _straight_through_cap((l - o).sum(-1, keepdim=True) / length, max_log_ratio)  # (B, 1)
+    return torch.exp(mean_log_ratio.detach() + (l - l.detach()))  # (B, T)
+
+
 def importance_ratio(
     logp: Tensor,
     old_logp: Tensor,
     mask: Tensor,
-    ratio_level: RatioLevel = "token",
+    ratio_level: RewardRatioLevel = "token",
     max_log_ratio: float = MAX_LOG_RATIO,
 ) -> Tensor:
     r"""Per-token importance ratio with gradient through ``logp`` of its own token only, (B, T) -> (B, T).
 
     token: ρ_t = exp(l_t - o_t). sequence: ρ̃_t = sg(ρ) · exp(l_t - l̄_t) with ρ = exp(Σ_t m_t (l_t - o_t)):
-    value ρ (the sequence ratio) and gradient ρ ∇l_t, so Σ_t ρ̃_t C_t has gradient ρ Σ_t C_t ∇l_t (unbiased
-    sequence-level IS for any per-token coefficient). Log-ratios are capped at ``max_log_ratio`` in value
-    only (straight-through), so ρ never overflows and its gradient is never zeroed.
+    value ρ (the unnormalised sequence ratio, the exact importance weight of the whole response) and gradient
+    ρ ∇l_t, so Σ_t ρ̃_t C_t has gradient ρ Σ_t C_t ∇l_t (unbiased sequence-level IS for any per-token
+    coefficient). gspo: GSPO's length-normalised ratio, :func:`gspo_ratio` (reward head only; not an IS
+    weight). Log-ratios are capped at ``max_log_ratio`` in value only (straight-through), so ρ never overflows
+    and its gradient is never zeroed.
     """
+    if ratio_level == "gspo":
+        return gspo_ratio(logp, old_logp, mask, max_log_ratio)
     mask = mask.bool()
     l = torch.where(mask, _at_least_f32(logp), 0.0)  # (B, T)
     o = torch.where(mask, _at_least_f32(old_logp.detach()), 0.0)  # (B, T)
@@ -404,7 +432,7 @@ def importance_ratio(
     if ratio_level == "sequence":
         seq_log_ratio = _straight_through_cap((l - o).sum(-1, keepdim=True), max_log_ratio)  # (B, 1)
         return torch.exp(seq_log_ratio.detach() + (l - l.detach()))  # (B, T)
-    raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
+    raise ValueError(f"ratio_level must be one of {REWARD_RATIO_LEVELS}, got {ratio_level!r}")
 
 
 def clipped_surrogate_penalty(coef: Tensor, ratio: Tensor, clip_eps: float | None) -> Tensor:

@@ -30,9 +30,11 @@ from klgrad.kl import (
     LEVELS,
     MAX_LOG_RATIO,
     RATIO_LEVELS,
+    REWARD_RATIO_LEVELS,
     KLHead,
     Level,
     RatioLevel,
+    RewardRatioLevel,
     get_kl_head,
     importance_ratio,
     kl_estimate,
@@ -65,12 +67,14 @@ class ObjectiveSpec:
     """Reward head: upper PPO clip ε_high (ratio ≤ 1 + ε_high); > ε_low is 'clip-higher'."""
     dual_clip: float | None = None
     """Reward head: dual-clip constant c > 1 bounding the loss of negative advantages by -c·A (None: off)."""
-    ratio_level: RatioLevel = "token"
-    """Reward head importance ratio per token (PPO/GRPO) or per sequence (GSPO-style)."""
+    ratio_level: RewardRatioLevel = "token"
+    """Reward head ratio: token (PPO/GRPO), sequence (unnormalised exp(Σ_t (l_t - o_t)), the exact sequence IS
+    weight) or gspo (GSPO's length-normalised exp(mean_t (l_t - o_t)), :func:`klgrad.kl.gspo_ratio`)."""
     kl_clip_eps: float | None = 0.2
     """Decoupled KL head off-policy: symmetric clip ε (None: IS without clipping)."""
     kl_ratio_level: RatioLevel = "sequence"
-    """Decoupled KL head off-policy: importance ratio per token or per sequence (unbiased)."""
+    """Decoupled KL head off-policy: importance ratio per token or per sequence (unbiased). No gspo: the head's
+    exactness needs the true sequence IS weight, which the length-normalised ratio is not."""
     kl_is_correction: bool = True
     """False reproduces the common bug (as-loss KL differentiated off-policy without IS); comparisons only."""
     aggregation: Aggregation = "seq_mean_token_sum"
@@ -86,7 +90,7 @@ class ObjectiveSpec:
             (self.beta >= 0, "beta", "must be >= 0"),
             (self.form in FORMS, "form", f"must be one of {FORMS}"),
             (self.kl_level in LEVELS, "kl_level", f"must be one of {LEVELS}"),
-            (self.ratio_level in RATIO_LEVELS, "ratio_level", f"must be one of {RATIO_LEVELS}"),
+            (self.ratio_level in REWARD_RATIO_LEVELS, "ratio_level", f"must be one of {REWARD_RATIO_LEVELS}"),
             (self.kl_ratio_level in RATIO_LEVELS, "kl_ratio_level", f"must be one of {RATIO_LEVELS}"),
             (self.aggregation in AGGREGATIONS, "aggregation", f"must be one of {AGGREGATIONS}"),
             (0 < self.clip_eps_low < 1, "clip_eps_low", "must be in (0, 1)"),
@@ -271,7 +275,7 @@ def policy_gradient_loss(
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
     dual_clip: float | None = None,
-    ratio_level: RatioLevel = "token",
+    ratio_level: RewardRatioLevel = "token",
     max_log_ratio: float = MAX_LOG_RATIO,
 ) -> Tensor:
     """Per-token clipped policy-gradient loss (B, T) -> (B, T) (module docstring); 0 at padding.

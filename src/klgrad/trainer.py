@@ -52,7 +52,7 @@ from klgrad.data.tasks import make_splits
 from klgrad.distributed import Dist, check_config
 from klgrad.kl import get_kl_head
 from klgrad.logprobs import sequence_logprobs
-from klgrad.models import load_model_and_tokenizer
+from klgrad.models import disable_dropout, load_model_and_tokenizer
 from klgrad.objective import (
     ObjectiveSpec,
     combined_advantages,
@@ -364,7 +364,13 @@ def merge_rewards(parts: list[RewardResult]) -> RewardResult:
 
 @torch.no_grad()
 def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs, sampler, seed: int) -> dict:
-    """Greedy accuracy, sampled reward and sequence KL to the reference on held-out prompts."""
+    """Greedy accuracy, sampled reward and sequence KL to the reference on held-out prompts.
+
+    The sampled reward is of the configured sampler (``rollout.top_p`` included). The KL estimates k1, k3 are of
+    KL(π‖π_ref) between the full distributions, so they come from samples of the full policy: with
+    ``top_p < 1`` (allowed only without a KL head) a second, untruncated sample is drawn for them, since the
+    sampler's log-probs are of the full distribution and a truncated sample would make k1 estimate nothing.
+    """
     prompts = [e.prompt for e in examples]
     device = next(policy.parameters()).device
     ids, mask = (x.to(device) for x in encode_prompts(tokenizer, prompts))
@@ -391,6 +397,16 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
     out["eval/sampled_reward"] = sum(res.total) / len(res.total)
     if "accuracy" in res.per_function:
         out["eval/sampled_accuracy"] = sum(res.per_function["accuracy"]) / len(prompts)
+    if cfg.rollout.top_p < 1.0:
+        sampled = sampler.generate(
+            policy,
+            ids,
+            mask,
+            group_size=1,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            generator=gen,
+        )
     ref_lp, _ = sequence_logprobs(ref, sampled.input_ids, sampled.attention_mask, ids.shape[1], cfg.rollout.temperature)
     u = torch.where(sampled.response_mask, sampled.logp - ref_lp, 0.0).sum(-1)  # (N,) sequence log-ratio
     out["eval/kl_k1"] = float(u.mean())
@@ -629,6 +645,10 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     load = dict(dtype=cfg.model.dtype, attn_implementation=_attn(cfg), device=device)
     policy, tokenizer = load_model_and_tokenizer(model_dir, **load)
     ref, _ = load_model_and_tokenizer(model_dir, **load)
+    # dropout off in both: every log-prob klgrad compares (behaviour, current, reference) must be of one
+    # deterministic policy, whether taken in train mode or eval mode, with the fast forward or transformers'
+    disable_dropout(policy)
+    disable_dropout(ref)
     ref.eval().requires_grad_(False)
     policy.train()
     sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **_sampler_options(cfg))

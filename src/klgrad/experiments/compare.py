@@ -65,7 +65,14 @@ def method_overrides(method: str, level: str, beta: float) -> dict:
 
 @torch.no_grad()
 def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
-    """Exact KL (tree) and sampled k1/k2/k3 of the run's final policy vs the reference, held-out prompts."""
+    """Exact KL (tree) and sampled k1/k2/k3 of the run's final policy vs its reference, held-out prompts.
+
+    The reference is the one the run was regularised towards at its end: the checkpoint's ``ref.safetensors``
+    when the run resets its reference (``kl.reset_ref_every``; the trainer saves it then), else the starting
+    model. Both numbers are of KL(π‖π_ref) between the full distributions at the sampling temperature, so the
+    sampled estimates draw from the full policy (no top-p); ``rollout.top_p < 1`` is refused with a KL head
+    anyway (:class:`klgrad.config.Config`), and the tree KL has no notion of truncation.
+    """
     from safetensors.torch import load_model
 
     from klgrad.logprobs import sequence_logprobs
@@ -77,7 +84,10 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     model_dir = reference_path(cfg)
     policy, tok = load_model_and_tokenizer(model_dir)
     ref, _ = load_model_and_tokenizer(model_dir)
-    load_model(policy, str(latest_checkpoint(run_dir) / "policy.safetensors"))
+    ckpt = latest_checkpoint(run_dir)
+    load_model(policy, str(ckpt / "policy.safetensors"))
+    if (ckpt / "ref.safetensors").is_file():  # reset every kl.reset_ref_every steps: the last reset's weights
+        load_model(ref, str(ckpt / "ref.safetensors"))
     policy.eval()
     ref.eval()
     _, heldout = load_data(cfg)

@@ -97,6 +97,10 @@ class KLGradTRLConfig:
     """Decoupled, off-policy: False applies as-loss penalties as if on-policy (the common bug; comparisons only)."""
     shaping: str | None = None
     """Combined form: klgrad shaping method of R - β·C; None derives it from TRL's scale_rewards."""
+    std_min: float | None = None
+    """Combined form: lower clip of the shaping's normalising stds (klgrad's algo.std_min; None: no clip)."""
+    std_max: float | None = None
+    """Combined form: upper clip of the shaping's normalising stds (klgrad's algo.std_max; None: no clip)."""
 
     def __post_init__(self) -> None:
         head_ok = isinstance(self.head, KLHead) or self.head in KL_HEADS
@@ -108,6 +112,8 @@ class KLGradTRLConfig:
             (self.ratio_level in RATIO_LEVELS, "ratio_level", f"must be one of {RATIO_LEVELS}"),
             (isinstance(self.is_correction, bool), "is_correction", "must be a bool"),
             (self.shaping is None or self.shaping in SHAPING_METHODS, "shaping", f"must be one of {SHAPING_METHODS}"),
+            (self.std_min is None or self.std_min > 0, "std_min", "must be > 0 or None"),
+            (self.std_max is None or self.std_max > 0, "std_max", "must be > 0 or None"),
             (
                 not (self.form == "combined" and self.level == "token"),
                 "level",
@@ -352,6 +358,8 @@ class KLGradGRPOTrainer(GRPOTrainer):
             level=cfg.level,
             group_size=group_size,
             method=self.klgrad_shaping,
+            std_min=cfg.std_min,
+            std_max=cfg.std_max,
         )  # (N, T_max)
         coef = level_coefficients(cfg.kl_head, logp, ref_logp, gmask.bool(), cfg.level)  # (N, T_max)
         first = gmask.argmax(-1, keepdim=True)  # (N, 1) first response token: C of the whole response there

@@ -91,7 +91,8 @@ class KlgradPolicyLossConfig(PolicyLossConfig):
     kl_is_correction: bool = True
     """False reproduces the common bug (as-loss head differentiated off-policy without IS); comparisons only."""
     ratio_level: str = "token"
-    """Reward head importance ratio per token (PPO/GRPO) or per sequence (GSPO-style)."""
+    """Reward head ratio: token (PPO/GRPO), sequence (unnormalised exp(Σ_t Δ_t), the exact IS weight) or gspo
+    (GSPO's length-normalised exp(mean_t Δ_t), with GSPO's small clip_ratio_low/high)."""
     dual_clip: bool = True
     """Apply verl's ``clip_ratio_c`` dual clip to negative advantages, as verl's ``vanilla`` does."""
     max_log_ratio: float = MAX_LOG_RATIO

@@ -1,5 +1,6 @@
 """Models: the character tokenizer, the tiny Llama factory, loading and saving any local causal LM."""
 
+from klgrad.models.dropout import disable_dropout
 from klgrad.models.factory import (
     build_tiny_model,
     count_parameters,
@@ -18,6 +19,7 @@ __all__ = [
     "char_vocab",
     "count_parameters",
     "default_attention",
+    "disable_dropout",
     "load_model_and_tokenizer",
     "save_model_and_tokenizer",
     "tiny_llama_config",
