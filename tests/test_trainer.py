@@ -221,7 +221,7 @@ def test_fast_forward_off_switch_and_identity_mismatch_correction_train_the_same
         records[name] = [json.loads(x) for x in (tmp_path / name / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = {name: [r for r in recs if "reward/mean" in r] for name, recs in records.items()}
     # The two forwards differ by float32 rounding only (tiny Llama: 4 layers, widths ≤ 512). Relative to the
-    # magnitude of what is compared, they agree within network_tol(depth, 512, 1) ≈ 2e-3 for the forward
+    # magnitude of what is compared, they agree within network_tol(depth, 512, 1) ≈ 5.5e-4 for the forward
     # (and the backward doubles the depth): a wrong mask, position or cache gives O(1) differences.
     rel_fwd = network_tol(llama_depth(4), 512, 1.0)
     rel_bwd = network_tol(2 * llama_depth(4), 512, 1.0)
