@@ -94,8 +94,13 @@ def run_sft(cfg: SFTConfig, out_dir: Path, progress: bool = True) -> dict:
     beside the directory (``.NAME.klgrad.lock``), since saving replaces the model directory whole.
     """
     out_dir = Path(out_dir)
-    with run_lock(out_dir, lock_file=out_dir.parent / f".{out_dir.name}{LOCK_NAME}"):
+    with run_lock(out_dir, lock_file=sft_lock_file(out_dir)):
         return _run_sft(cfg, out_dir, progress)
+
+
+def sft_lock_file(out_dir: Path) -> Path:
+    """The lock file of an sft output directory: beside it, as the directory is replaced whole on save."""
+    return out_dir.parent / f".{out_dir.name}{LOCK_NAME}"
 
 
 def _run_sft(cfg: SFTConfig, out_dir: Path, progress: bool) -> dict:
