@@ -47,6 +47,7 @@ from klgrad.objective import (
 )
 from klgrad.rewards import RewardSpec, compute_rewards
 from klgrad.rewards.accuracy import math_verify_reward
+from klgrad.runlock import LOCK_NAME
 from klgrad.trainer import EMBEDDED_DIR, latest_checkpoint, load_checkpoint, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -227,6 +228,7 @@ def scenario_kill(runs: Runs, point: str, step: int) -> dict:
         "latest_verifies": after is None or checksums_verify(after),
         "pointer": pointer.read_text().strip() if pointer.is_file() else None,
         "records_after_kill": metrics(run),
+        "lock_after_kill": (run / LOCK_NAME).read_text() if (run / LOCK_NAME).is_file() else None,
     }
     state["resumes"] = until_success(run)
     return state
@@ -914,10 +916,13 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run_bit_for_bit(runs, 
         assert res["pointer"] != res["latest"]  # the pointer lags behind: latest_checkpoint must not trust it
     before = stable(res["records_after_kill"])
     assert before == stable(metrics(base["run"]))[: len(before)]  # what was written before the kill is right
+    # the killed run died holding the run directory's lock (its pid is still in the file, never cleared) ...
+    assert (res["lock_after_kill"] or "").strip().isdigit(), res["lock_after_kill"]
     # resume (no fault injection) until it finishes
     assert res["resumes"][-1].returncode == 0, fail_msg(res["resumes"][-1])
     assert len(res["resumes"]) == 1  # one resume is enough
     run = res["run"]
+    assert (run / LOCK_NAME).read_text() == ""  # ... and resume took it at once (no stale lock) and released it
     assert stable(metrics(run)) == stable(metrics(base["run"]))
     assert list(step_dirs(run)) == list(step_dirs(base["run"]))
     for name, ckpt in step_dirs(run).items():

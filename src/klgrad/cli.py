@@ -78,11 +78,12 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     except ValueError as e:
         print(f"klgrad train: {e}", file=sys.stderr)
         return 2
+    from klgrad.runlock import RunLockedError
     from klgrad.trainer import train
 
     try:
         summary = train(cfg, resume=bool(args.resume))
-    except (FileExistsError, FileNotFoundError, ValueError) as e:
+    except (FileExistsError, FileNotFoundError, ValueError, RunLockedError) as e:  # RunLockedError: another writer
         print(f"klgrad train: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:  # a guarded stop (non-finite steps, reward failure budget): the run is resumable
@@ -167,9 +168,15 @@ REPRODUCE_TARGETS = (
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    """Each target writes JSON + PNG + verdict.md into --out."""
+    """Each target writes JSON + PNG + verdict.md into --out (holding its lock: one writer per directory)."""
+    from klgrad.runlock import run_lock
+
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    with run_lock(out):
+        return _reproduce(args, out)
+
+
+def _reproduce(args: argparse.Namespace, out: Path) -> int:
     name = args.name
     if name == "coefficients":
         from klgrad.audit.coefficients import write_coefficient_figure
@@ -550,7 +557,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "out", "x") is None:
         args.out = f"runs/reproduce/{args.name}"
-    return int(args.func(args) or 0)
+    from klgrad.runlock import RunLockedError
+
+    try:
+        return int(args.func(args) or 0)
+    except RunLockedError as e:  # --out is another process's: exit 2 before doing any work, as for bad arguments
+        print(f"klgrad {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

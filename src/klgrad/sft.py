@@ -21,6 +21,7 @@ from klgrad.data.tasks import extract_answer, make_splits, sft_target
 from klgrad.models import build_char_tokenizer, build_tiny_model, count_parameters, save_model_and_tokenizer
 from klgrad.rollout.encoding import decode_responses, encode_prompts
 from klgrad.rollout.samplers import KVCacheSampler
+from klgrad.runlock import LOCK_NAME, run_lock
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,23 @@ def greedy_accuracy(model, tokenizer, examples, task: str, max_new_tokens: int) 
 
 
 def run_sft(cfg: SFTConfig, out_dir: Path, progress: bool = True) -> dict:
-    """Train until held-out greedy accuracy >= target; save the model directory; return a report."""
+    """Train until held-out greedy accuracy >= target; save the model directory; return a report.
+
+    One writer per output directory: holds the lock (:mod:`klgrad.runlock`) for the whole run, so a second sft
+    into the same ``out_dir`` fails at once with :class:`~klgrad.runlock.RunLockedError`. The lock file lies
+    beside the directory (``.NAME.klgrad.lock``), since saving replaces the model directory whole.
+    """
+    out_dir = Path(out_dir)
+    with run_lock(out_dir, lock_file=sft_lock_file(out_dir)):
+        return _run_sft(cfg, out_dir, progress)
+
+
+def sft_lock_file(out_dir: Path) -> Path:
+    """The lock file of an sft output directory: beside it, as the directory is replaced whole on save."""
+    return out_dir.parent / f".{out_dir.name}{LOCK_NAME}"
+
+
+def _run_sft(cfg: SFTConfig, out_dir: Path, progress: bool) -> dict:
     torch.manual_seed(cfg.seed)
     train, heldout = make_splits(cfg.task, cfg.n_train, cfg.n_eval, cfg.data_seed, cfg.digits)
     tokenizer = build_char_tokenizer()

@@ -24,6 +24,7 @@ is scaled by W against DDP's gradient average, and only rank 0 writes (docs/dist
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -35,6 +36,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,7 @@ from klgrad.rewards import RewardResult, RewardSpec, compute_rewards
 from klgrad.rollout.encoding import decode_responses, encode_prompts
 from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.rollout.samplers import Rollout, make_sampler
+from klgrad.runlock import RunLockedError, run_lock
 
 EMBEDDED_DIR = Path(__file__).parent / "assets"
 """Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_scratchpad``), made by ``klgrad sft``."""
@@ -630,18 +633,65 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     Under ``accelerate launch`` every process runs this function: each samples, scores and differentiates its
     share of the global batch; rank 0 alone evaluates and writes (metrics, TensorBoard, W&B, config, run.json,
     checkpoints, curves, summary, progress bar). Every rank returns the summary.
+
+    One writer per run directory: after validating the configuration (which touches nothing) and before
+    anything in ``train.out_dir`` is read or written, rank 0 takes the directory's lock (:mod:`klgrad.runlock`)
+    and holds it until every rank is done; if another process holds it, every rank raises
+    :class:`~klgrad.runlock.RunLockedError` and nothing in the directory is touched.
     """
-    run_dir = Path(cfg.train.out_dir)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     dist = Dist.from_env()
     check_config(cfg, dist.world)
-    train_set, eval_set = load_data(cfg)  # fails before anything is written
+    data = load_data(cfg)  # fails before anything is written
     if cfg.train.wandb:
         _require_wandb()
     specs = reward_specs(cfg)
     model_dir = reference_path(cfg)
     device = resolve_device(cfg.model.device, dist.world)
+    with hold_run_dir(Path(cfg.train.out_dir), dist):
+        summary = _train_locked(cfg, dist, data, specs, model_dir, device, resume, progress, stop_after)
+        dist.barrier()  # every rank has read what it returns before rank 0 lets another writer in
+    return summary
+
+
+@contextlib.contextmanager
+def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[None]:
+    """Rank 0 holds ``run_dir``'s lock for the block; no rank enters it unless rank 0 got the lock.
+
+    Rank 0's outcome (None, or the exception it got: :class:`RunLockedError` or an ``OSError``) goes to every
+    rank before any of them goes on, so a refused launch fails on every rank at once instead of leaving the
+    other ranks waiting in a collective. In one process the exchange is the identity.
+    """
+    with contextlib.ExitStack() as held:
+        outcome: BaseException | None = None
+        if dist.is_main:
+            try:
+                held.enter_context(run_lock(run_dir))
+            except (RunLockedError, OSError) as e:
+                outcome = e
+        shared = dist.gather_objects(outcome)[0]  # rank 0's outcome, on every rank
+        if outcome is not None:
+            raise outcome
+        if shared is not None:
+            raise shared
+        yield
+
+
+def _train_locked(
+    cfg: Config,
+    dist: Dist,
+    data: tuple[list[Example], list[Example]],
+    specs: list[RewardSpec],
+    model_dir: Path,
+    device: torch.device,
+    resume: bool,
+    progress: bool,
+    stop_after: int | None,
+) -> dict:
+    """:func:`train` once the configuration is validated and rank 0 holds the run directory's lock."""
+    run_dir = Path(cfg.train.out_dir)
+    train_set, eval_set = data
     load = dict(dtype=cfg.model.dtype, attn_implementation=_attn(cfg), device=device)
     policy, tokenizer = load_model_and_tokenizer(model_dir, **load)
     ref, _ = load_model_and_tokenizer(model_dir, **load)

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from klgrad.config import Config, load_config
 from klgrad.experiments.exact_kl import sampled_kl_estimates, tree_kl
 from klgrad.experiments.stats import mean_ci, welch_equivalent, welch_less
+from klgrad.runlock import run_lock
 from klgrad.trainer import load_data, read_jsonl, reference_path, train
 
 METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
@@ -158,8 +159,12 @@ def run_compare(
     progress: bool = True,
     extra_overrides: dict | None = None,
 ) -> dict:
-    """Run (or resume) the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    """Run (or resume) the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``.
+
+    Holds ``out_dir``'s lock (:mod:`klgrad.runlock`) from after the configs validate to the end, so a second
+    compare into the same folder fails at once with :class:`~klgrad.runlock.RunLockedError`; each run then takes
+    its own ``out_dir/runs/NAME`` lock inside :func:`~klgrad.trainer.train`.
+    """
     grid = [(m, b, s) for b in betas for m in methods for s in range(seeds)]
     base = {
         "train.steps": steps,
@@ -174,28 +179,29 @@ def run_compare(
         cfgs[(m, b, s)] = load_config(
             config, {**base, **method_overrides(m, level, b), "train.seed": s, "train.out_dir": str(run_dir)}
         )
-    results = []
-    bar = tqdm(grid, desc="klgrad compare", disable=not progress, dynamic_ncols=True)
-    for m, b, s in bar:
-        cfg = cfgs[(m, b, s)]
-        run_dir = Path(cfg.train.out_dir)
-        bar.set_postfix(run=f"{m} β={b:g} seed {s}")
-        done = run_dir / "final.json"
-        if not done.is_file():
-            summary = run_dir / "summary.json"
-            finished = summary.is_file() and json.loads(summary.read_text()).get("steps") == steps
-            if not finished:
-                train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
-            final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
-            done.write_text(json.dumps(final, indent=1))
-        results.append({"method": m, "beta": b, "seed": s, **json.loads(done.read_text())})
-    bar.close()
-    summary = summarize(results, methods, betas, level, steps, seeds)
-    (out_dir / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
-    (out_dir / "summary.md").write_text(summary_markdown(summary))
-    plot_grid(out_dir, grid, methods, betas)
-    plot_frontier(results, out_dir / "frontier.png", methods)
-    return summary
+    with run_lock(out_dir):  # one writer per output folder (creates it)
+        results = []
+        bar = tqdm(grid, desc="klgrad compare", disable=not progress, dynamic_ncols=True)
+        for m, b, s in bar:
+            cfg = cfgs[(m, b, s)]
+            run_dir = Path(cfg.train.out_dir)
+            bar.set_postfix(run=f"{m} β={b:g} seed {s}")
+            done = run_dir / "final.json"
+            if not done.is_file():
+                summary = run_dir / "summary.json"
+                finished = summary.is_file() and json.loads(summary.read_text()).get("steps") == steps
+                if not finished:
+                    train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
+                final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
+                done.write_text(json.dumps(final, indent=1))
+            results.append({"method": m, "beta": b, "seed": s, **json.loads(done.read_text())})
+        bar.close()
+        summary = summarize(results, methods, betas, level, steps, seeds)
+        (out_dir / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
+        (out_dir / "summary.md").write_text(summary_markdown(summary))
+        plot_grid(out_dir, grid, methods, betas)
+        plot_frontier(results, out_dir / "frontier.png", methods)
+        return summary
 
 
 def summarize(results: list[dict], methods, betas, level: str, steps: int, seeds: int) -> dict:
