@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from klgrad.advantages import PRESETS, SHAPING_METHODS, ShapingStats, shape_rewards
 
+pytestmark = pytest.mark.numerics
+
 F64 = torch.float64
 GROUP_METHODS = ("group_baseline", "group_norm", "rloo", "grpo", "dr_grpo", "reinforce_pp_baseline")
 BATCH_NORM_METHODS = ("batch_norm", "reinforce", "reinforce_pp", "reinforce_pp_baseline")

@@ -13,7 +13,7 @@ import pytest
 from klgrad.audit.run import AuditConfig, headline, load_penalty, run_audit
 from klgrad.cli import main
 
-pytestmark = pytest.mark.filterwarnings("ignore:k1_as_loss has zero expected gradient")
+pytestmark = [pytest.mark.filterwarnings("ignore:k1_as_loss has zero expected gradient"), pytest.mark.numerics]
 
 SMALL = ["--vocab", "3", "--length", "3"]
 

@@ -16,6 +16,8 @@ from klgrad.audit.coefficients import (
     write_coefficient_figure,
 )
 
+pytestmark = pytest.mark.numerics
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOG_REF = math.log(0.25)
 

@@ -10,7 +10,7 @@ import torch
 from klgrad.cli import main
 from klgrad.experiments.compare import method_overrides, run_compare
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 SMALL = {
     "data.n_eval": 8,

@@ -25,7 +25,7 @@ from klgrad.distributed import check_config
 from klgrad.trainer import EMBEDDED_DIR, mini_batch_rows, read_jsonl, rollout_uniforms, train
 from tolerances import adamw_step_bound, llama_depth, network_tol
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/tiny_add.yaml"
 STEPS = 3

@@ -10,6 +10,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from klgrad.experiments.exact_kl import tree_kl
 
+pytestmark = pytest.mark.numerics
+
 PAD, BOS, EOS, V, T = 0, 1, 2, 5, 3
 
 

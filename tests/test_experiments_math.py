@@ -26,6 +26,8 @@ from klgrad.experiments.estimators import (
 )
 from klgrad.experiments.group_norm import PAPER_REWARDS, grpo_advantages, run_group_norm_amplification
 
+pytestmark = pytest.mark.numerics
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOG2 = math.log(2.0)
 

@@ -10,6 +10,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 from klgrad.models.fast_forward import FastLlama, unsupported_reason
 from klgrad.rollout.samplers import KVCacheSampler
 
+pytestmark = pytest.mark.numerics
+
 PAD, BOS, EOS = 0, 1, 2
 COMMON = dict(
     vocab_size=23,

@@ -23,7 +23,7 @@ from klgrad.audit.tabular import (
 )
 from klgrad.kl import KL_HEADS, LEVELS, custom_kl_head, kl_loss_per_sequence
 
-pytestmark = pytest.mark.filterwarnings("ignore:k1_as_loss has zero expected gradient")
+pytestmark = [pytest.mark.filterwarnings("ignore:k1_as_loss has zero expected gradient"), pytest.mark.numerics]
 
 SPACES = [(3, 3, True), (2, 4, True), (3, 2, False), (4, 3, True)]
 SEEDS = [0, 1, 2]

@@ -25,6 +25,8 @@ from klgrad.data.tasks import make_splits
 from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, aggregate_like_trl
 from klgrad.models import load_model_and_tokenizer
 
+pytestmark = pytest.mark.numerics
+
 BETA = 0.5
 GROUP = 4
 LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")

@@ -40,6 +40,8 @@ from klgrad.kl import (
     level_coefficients,
 )
 
+pytestmark = pytest.mark.numerics
+
 F64 = torch.float64
 F32 = torch.float32
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}

@@ -32,6 +32,8 @@ from klgrad.logprobs import (
 from klgrad.models import build_char_tokenizer, build_tiny_model
 from tolerances import log_softmax_tol
 
+pytestmark = pytest.mark.numerics
+
 B, T, V = 3, 7, 11
 CHUNKS = [1, 2, 3, T, T + 5, None]
 TEMPERATURES = [1.0, 0.7, 2.5]

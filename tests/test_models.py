@@ -28,6 +28,8 @@ from klgrad.models import (
     tiny_llama_config,
 )
 
+pytestmark = pytest.mark.numerics
+
 TINY = {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64, "max_position": 64}
 TEXT = st.text(alphabet=CHARS, max_size=60)
 

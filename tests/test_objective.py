@@ -34,6 +34,8 @@ from klgrad.objective import (
     policy_objective,
 )
 
+pytestmark = pytest.mark.numerics
+
 F64 = torch.float64
 NAN = float("nan")
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}

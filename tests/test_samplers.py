@@ -8,6 +8,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from klgrad.rollout.samplers import HFGenerateSampler, KVCacheSampler, make_sampler
 
+pytestmark = pytest.mark.numerics
+
 PAD, BOS, EOS = 0, 1, 2
 
 

@@ -15,7 +15,7 @@ from klgrad.config import load_config
 from klgrad.trainer import EMBEDDED_DIR, adaptive_beta, lr_factor, read_jsonl, train
 from tolerances import adamw_step_bound, llama_depth, network_tol
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 SAMPLE = Path(__file__).parents[1] / "data" / "samples" / "gsm8k_sample.jsonl"
 
 SPEC9 = (
