@@ -9,6 +9,7 @@ import torch
 
 from klgrad.cli import main
 from klgrad.experiments.compare import method_overrides, run_compare
+from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
@@ -43,15 +44,38 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         assert r["exact_kl_pruned_mass"] < 0.2
     claims = [p["claim"] for p in summary["predictions"]]
     assert any("k2_as_loss keeps KL below k3_as_loss" in c for c in claims)
-    assert all(
-        p["verdict"] in ("supported", "not supported", "not resolved at this sample size")
-        for p in summary["predictions"]
-    )
+    for p in summary["predictions"]:
+        assert p["verdict"] in ("supported", "opposite", "not resolved at this sample size")
+        assert "paired" in p["test"]
+        assert p["n_pairs"] == 2
+        assert len(p["differences"]) == 2
+        assert p["ci95"][0] <= p["mean_difference"] <= p["ci95"][1]
     md = (out / "summary.md").read_text()
     assert "Welch" in md
+    assert "paired" in md
+    # The paired design: at step 1 every method's policy is the reference, and runs of one seed draw the same
+    # prompts and uniforms, so they sample the very same responses (equal rewards and lengths, exactly).
+    for seed in (0, 1):
+        first = [
+            next(r for r in read_jsonl(out / "runs" / f"{m}-beta0.5-seed{seed}" / "metrics.jsonl") if r["step"] == 1)
+            for m in kw["methods"]
+        ]
+        for k in ("reward/mean", "reward/accuracy", "response/length", "kl/k1"):
+            assert len({r[k] for r in first}) == 1, (seed, k)
     mtimes = {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
     run_compare(out, **kw)  # everything finished: nothing is retrained
     assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")} == mtimes
+
+
+def test_runs_of_one_seed_share_prompts_and_uniforms_whatever_the_method():
+    """The draws are functions of (seed, step) alone, and the grid's configs differ only in kl.* fields."""
+    assert prompt_indices(3, 7, 200, 32) == prompt_indices(3, 7, 200, 32)
+    assert prompt_indices(3, 7, 200, 32) != prompt_indices(4, 7, 200, 32)
+    assert torch.equal(rollout_uniforms(3, 7, slice(0, 4), 8, 6), rollout_uniforms(3, 7, slice(0, 4), 8, 6))
+    changed = set()
+    for m in ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward"):
+        changed |= set(method_overrides(m, "token", 0.5))
+    assert all(k.startswith("kl.") for k in changed), changed
 
 
 def test_methods_differ_only_in_the_kl_choice():

@@ -307,6 +307,21 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
     return [RewardSpec.load(f.name, f.weight) for f in cfg.reward.functions]
 
 
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator of ``step``: it draws the step's prompts (and seeds engines with their own RNG)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def prompt_indices(seed: int, step: int, n_train: int, n_prompts: int) -> list[int]:
+    """Indices into the training set of the ``n_prompts`` prompts of ``step``: a function of (seed, step) only.
+
+    Together with :func:`rollout_uniforms` this makes runs of one seed a block: whatever their KL head, level,
+    form or β, they answer the same prompts with the same sampling uniforms (common random numbers), which is
+    what lets ``klgrad compare`` pair its runs by seed.
+    """
+    return torch.randint(n_train, (n_prompts,), generator=step_generator(seed, step)).tolist()
+
+
 def prompt_seed(seed: int, step: int, prompt: int) -> int:
     """Seed of the sampling generator of global prompt ``prompt`` at ``step`` (63 bits of a sha256)."""
     digest = hashlib.sha256(f"klgrad-rollout:{seed}:{step}:{prompt}".encode()).digest()
@@ -786,7 +801,7 @@ def _train_locked(
         policy.train()
     for step in bar:
         t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
+        gen = step_generator(cfg.train.seed, step)  # = prompt_indices(seed, step, ...), then the engines' RNG
         idx = torch.randint(len(train_set), (n_prompts,), generator=gen).tolist()
         examples = [train_set[i] for i in idx]  # the same P prompts on every rank
         # 1-2. rollout: G responses per prompt, groups contiguous. All P prompts are encoded, so the left

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from klgrad.config import Config, load_config
 from klgrad.experiments.exact_kl import sampled_kl_estimates, tree_kl
-from klgrad.experiments.stats import mean_ci, welch_equivalent, welch_less
+from klgrad.experiments.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
 from klgrad.runlock import run_lock
 from klgrad.trainer import load_data, read_jsonl, reference_path, train
 
@@ -204,6 +204,65 @@ def run_compare(
         return summary
 
 
+def paired_values(results: list[dict], a: str, b: str, beta: float, key: str) -> tuple[list[float], list[float]]:
+    """Values of ``key`` for methods ``a`` and ``b`` at ``beta``, paired by seed (seeds where both have one)."""
+
+    def by_seed(m: str) -> dict[int, float]:
+        return {r["seed"]: r[key] for r in results if r["method"] == m and r["beta"] == beta and r.get(key) is not None}
+
+    va, vb = by_seed(a), by_seed(b)
+    seeds = sorted(va.keys() & vb.keys())
+    return [va[s] for s in seeds], [vb[s] for s in seeds]
+
+
+PREDICTIONS: tuple[tuple[str, str, str, str], ...] = (
+    # (claim, kind, a, b): "less" claims mean(a) < mean(b) on the metric; "equivalent" claims a ≈ b
+    ("k1_as_loss ≈ none (no regularisation) on final KL", "equivalent", "k1_as_loss", "none"),
+    ("k2_as_loss keeps KL below k3_as_loss", "less", "k2_as_loss", "k3_as_loss"),
+    ("k2_as_loss keeps the log-prob gap below k3_as_loss", "less", "k2_as_loss", "k3_as_loss"),
+    ("k2_as_loss has lower reward std within groups than k3_as_loss", "less", "k2_as_loss", "k3_as_loss"),
+)
+"""The paper's predictions that ``klgrad compare`` decides (the metric of each is set in :func:`prediction_tests`)."""
+
+
+def prediction_tests(results: list[dict], methods, beta: float, kl_key: str) -> list[dict]:
+    """The paired test of each prediction whose methods are in the grid, with the unpaired Welch test beside it.
+
+    The equivalence margin of "k1_as_loss ≈ none" is half the KL that a working KL head (k2_as_loss) removes
+    from no-KL training in the same grid, δ = ½·|mean(KL_none − KL_k2)|: "k1_as_loss regularises less than
+    half as much as k2_as_loss does".
+    """
+    metric = {0: kl_key, 1: kl_key, 2: "logp_gap", 3: "reward_std_in_group"}
+    tests = []
+    for i, (claim, kind, a, b) in enumerate(PREDICTIONS):
+        needed = {a, b} | ({"k2_as_loss"} if kind == "equivalent" else set())
+        if not needed <= set(methods):
+            continue
+        key = metric[i]
+        xa, xb = paired_values(results, a, b, beta, key)
+        if len(xa) < 2:
+            continue
+        if kind == "equivalent":
+            none, k2 = paired_values(results, "none", "k2_as_loss", beta, key)
+            margin = max(0.5 * abs(sum(none) / len(none) - sum(k2) / len(k2)), 1e-6)
+            test = paired_equivalent(xa, xb, margin)
+            welch = welch_equivalent(xa, xb, margin)
+        else:
+            test = paired_less(xa, xb)
+            welch = welch_less(xa, xb)
+        tests.append(
+            {
+                "claim": claim,
+                "metric": key,
+                "a": a,
+                "b": b,
+                **test,
+                "welch": {"test": welch["test"], "p_value": welch["p_value"], "verdict": welch["verdict"]},
+            }
+        )
+    return tests
+
+
 def summarize(results: list[dict], methods, betas, level: str, steps: int, seeds: int) -> dict:
     """Per (method, β): mean ± 95% CI of every final metric; the paper's predictions at the first β."""
     table: dict = {}
@@ -216,35 +275,8 @@ def summarize(results: list[dict], methods, betas, level: str, steps: int, seeds
                 if rows and all(r.get(k) is not None for r in rows)
             }
     b = betas[0]
-
-    def vals(m: str, key: str) -> list[float]:
-        return [r[key] for r in results if r["method"] == m and r["beta"] == b and r.get(key) is not None]
-
-    kl_key = "exact_kl" if vals("none", "exact_kl") else "sampled_k1"
-    preds = []
-    if {"none", "k1_as_loss", "k2_as_loss"} <= set(methods):
-        none, k2 = vals("none", kl_key), vals("k2_as_loss", kl_key)
-        margin = 0.5 * abs(sum(none) / len(none) - sum(k2) / len(k2))
-        preds.append(
-            {
-                "claim": "k1_as_loss ≈ none (no regularisation) on final KL",
-                "metric": kl_key,
-                **welch_equivalent(vals("k1_as_loss", kl_key), none, margin=max(margin, 1e-6)),
-            }
-        )
-    if {"k2_as_loss", "k3_as_loss"} <= set(methods):
-        for claim, key in (
-            ("k2_as_loss keeps KL below k3_as_loss", kl_key),
-            ("k2_as_loss keeps the log-prob gap below k3_as_loss", "logp_gap"),
-            ("k2_as_loss has lower reward std within groups than k3_as_loss", "reward_std_in_group"),
-        ):
-            preds.append(
-                {
-                    "claim": claim,
-                    "metric": key,
-                    **welch_less(vals("k2_as_loss", key), vals("k3_as_loss", key)),
-                }
-            )
+    kl_key = "exact_kl" if any(r.get("exact_kl") is not None for r in results) else "sampled_k1"
+    preds = decide(prediction_tests(results, methods, b, kl_key))
     return {
         "level": level,
         "steps": steps,
@@ -278,9 +310,24 @@ def summary_markdown(summary: dict) -> str:
             f"{cell(row, 'sampled_k1')} | {cell(row, 'sampled_k3')} | {cell(row, 'logp_gap')} | "
             f"{cell(row, 'reward_std_in_group')} |"
         )
-    lines += ["", "## The paper's predictions", "", "| claim | test | p | verdict |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "## The paper's predictions",
+        "",
+        "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test, "
+        "p Holm-adjusted across the predictions; exact sign-flip p and the unpaired Welch p for comparison.",
+        "",
+        "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p | Welch p | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in summary["predictions"]:
-        lines.append(f"| {p['claim']} ({p['metric']}) | {p['test']} | {p['p_value']:.3g} | **{p['verdict']}** |")
+        lo, hi = p["ci95"]
+        margin = f" (margin ±{p['margin']:.3g})" if "margin" in p else ""
+        lines.append(
+            f"| {p['claim']}{margin} | {p['metric']} | {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+            f"{p['n_negative']}/{p['n_pairs']} | {p['p_adjusted']:.3g} | {p['p_sign_flip']:.3g} | "
+            f"{p['welch']['p_value']:.3g} | **{p['verdict']}** |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -1,11 +1,20 @@
 """Honest statistics over seeds: t-based 95% confidence intervals and named tests that produce a verdict.
 
-Verdicts are one of ``supported``, ``not supported``, ``not resolved at this sample size``:
-- an ordering claim (a < b) uses a one-sided Welch t-test at α: supported if a < b is significant, not
-  supported if a > b is significant, otherwise not resolved;
-- an equivalence claim (a ≈ b) uses Welch TOST (two one-sided tests) with a stated margin δ: supported if the
-  difference is significantly inside ±δ, not supported if a two-sided Welch test finds a difference,
-  otherwise not resolved.
+**Paired tests (the design of ``klgrad compare``).** Runs that share a seed share their prompts and their
+sampling uniforms (common random numbers), so the seed is a block and the unit of analysis is the per-seed
+difference d_s = a_s − b_s. A prediction is decided on d by a paired t-test (the p-value that decides), with an
+exact sign-flip permutation p-value beside it (distribution-free; with n seeds its smallest two-sided value is
+2/2^n, so it needs n ≥ 6 to reach 0.05). The predictions of one summary form a family: their p-values are
+Holm-adjusted (:func:`holm`) before a verdict is given. Verdicts:
+
+- ``supported``: the claimed direction is significant (Holm-adjusted two-sided p < α);
+- ``opposite``: significant in the other direction (for an equivalence claim: a significant difference);
+- ``not resolved at this sample size``: neither.
+
+An equivalence claim (a ≈ b) uses a paired TOST with a stated margin δ: both one-sided tests of
+|mean d| < δ must reject. The unpaired Welch tests (:func:`welch_less`, :func:`welch_equivalent`) remain for a
+secondary column and for designs without blocks; their verdicts are ``supported`` / ``not supported`` /
+not resolved.
 """
 
 from __future__ import annotations
@@ -16,6 +25,9 @@ from collections.abc import Sequence
 from scipy import stats as st
 
 SUPPORTED, NOT_SUPPORTED, UNRESOLVED = "supported", "not supported", "not resolved at this sample size"
+OPPOSITE = "opposite"
+MAX_EXACT_FLIPS = 20
+"""Sign-flip tests enumerate all 2^n sign patterns up to n = 20 seeds (about a million patterns)."""
 
 
 def mean_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
@@ -77,3 +89,143 @@ def welch_equivalent(a: Sequence[float], b: Sequence[float], margin: float, alph
         "margin": margin,
         "verdict": verdict,
     }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# paired tests (blocks = seeds)
+
+
+def paired_differences(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """d_s = a_s − b_s for seeds s in the order given; both sequences must list the same seeds."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need one value per seed on both sides, got {len(a)} and {len(b)}")
+    return [x - y for x, y in zip(a, b, strict=True)]
+
+
+def paired_t_p(d: Sequence[float], alternative: str = "two-sided", shift: float = 0.0) -> float:
+    """p-value of the one-sample t-test of mean(d) against ``shift`` (paired t-test on differences d).
+
+    t = (mean(d) − shift) / (sd(d)/√n) with n − 1 degrees of freedom; ``alternative`` is ``less``,
+    ``greater`` or ``two-sided``. With no spread in d the test is decided by the sign of mean(d) − shift.
+    """
+    n = len(d)
+    if n < 2:
+        return float("nan")
+    m = sum(d) / n - shift
+    if max(d) == min(d):  # sd = 0: t is ±inf (or undefined at 0)
+        if m == 0:
+            return 1.0
+        if alternative == "two-sided":
+            return 0.0
+        return 0.0 if (m < 0) == (alternative == "less") else 1.0
+    return float(st.ttest_1samp([x - shift for x in d], 0.0, alternative=alternative).pvalue)
+
+
+def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
+    """Exact sign-flip permutation p-value of mean(d) = 0 (differences symmetric about 0 under H0).
+
+    Enumerates every assignment of signs to |d_s| (2^n of them, n ≤ MAX_EXACT_FLIPS) and counts those whose
+    mean is at least as extreme as the observed one: p = #{σ: T(σ) ≥ T_obs} / 2^n, with T = mean (greater),
+    −mean (less) or |mean| (two-sided). The observed assignment is one of them, so p ≥ 2^-n.
+    """
+    n = len(d)
+    if n == 0:
+        return float("nan")
+    if n > MAX_EXACT_FLIPS:
+        raise ValueError(f"sign_flip_p enumerates 2^n patterns; n = {n} > {MAX_EXACT_FLIPS}")
+    mags = [abs(x) for x in d]
+    obs = sum(d)
+    tol = 1e-12 * max(1.0, sum(mags))  # sums of the same magnitudes in another order: ties within rounding
+    hits = 0
+    for pattern in range(1 << n):
+        total = sum(-m if (pattern >> i) & 1 else m for i, m in enumerate(mags))
+        if alternative == "greater":
+            hits += total >= obs - tol
+        elif alternative == "less":
+            hits += total <= obs + tol
+        else:
+            hits += abs(total) >= abs(obs) - tol
+    return hits / (1 << n)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error ≤ α for any dependence): sort ascending,
+    p̃_(k) = max_{j ≤ k} min(1, (m − j + 1)·p_(j)); NaN p-values are left out of the family and stay NaN."""
+    idx = [i for i, p in enumerate(p_values) if not math.isnan(p)]
+    m = len(idx)
+    out = [float("nan")] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
+def paired_less(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Claim mean(a) < mean(b) over paired seeds: the paired t-test on d = a − b (two-sided p, to be
+    Holm-adjusted by :func:`decide`), the one-sided p-values, the exact sign-flip p, mean d and its 95% CI."""
+    d = paired_differences(a, b)
+    mean, ci = mean_ci(d) if d else (float("nan"), float("nan"))
+    return {
+        "kind": "less",
+        "test": "paired t-test on per-seed differences (two-sided, Holm-adjusted); exact sign-flip p beside it",
+        "n_pairs": len(d),
+        "differences": d,
+        "mean_difference": mean,
+        "ci95": [mean - ci, mean + ci],
+        "p_value": paired_t_p(d, "two-sided"),
+        "p_less": paired_t_p(d, "less"),
+        "p_greater": paired_t_p(d, "greater"),
+        "p_sign_flip": sign_flip_p(d, "two-sided") if d else float("nan"),
+        "n_negative": sum(x < 0 for x in d),
+    }
+
+
+def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float) -> dict:
+    """Claim mean(a) ≈ mean(b) within ±``margin`` over paired seeds: paired TOST on d = a − b,
+    p_TOST = max(p(mean d ≤ −δ), p(mean d ≥ +δ)); the two-sided paired t p-value of a difference beside it."""
+    if not margin > 0:
+        raise ValueError(f"equivalence margin must be > 0, got {margin}")
+    d = paired_differences(a, b)
+    mean, ci = mean_ci(d) if d else (float("nan"), float("nan"))
+    p_tost = max(paired_t_p(d, "greater", shift=-margin), paired_t_p(d, "less", shift=margin))
+    return {
+        "kind": "equivalent",
+        "test": f"paired TOST on per-seed differences (margin ±{margin:.4g}, Holm-adjusted); paired t-test of a "
+        "difference and exact sign-flip p beside it",
+        "margin": margin,
+        "n_pairs": len(d),
+        "differences": d,
+        "mean_difference": mean,
+        "ci95": [mean - ci, mean + ci],
+        "p_value": p_tost,
+        "p_difference": paired_t_p(d, "two-sided"),
+        "p_sign_flip": sign_flip_p(d, "two-sided") if d else float("nan"),
+        "n_negative": sum(x < 0 for x in d),
+    }
+
+
+def decide(tests: Sequence[dict], alpha: float = 0.05) -> list[dict]:
+    """Holm-adjust the family's p-values and give each paired test its verdict (module docstring).
+
+    Ordering claims (``kind`` less): supported when the adjusted two-sided p < α and mean d < 0, opposite when
+    it is significant with mean d > 0. Equivalence claims: supported when the adjusted TOST p < α, opposite
+    when the two-sided difference p, Holm-adjusted at the claim's own step, is < α. Returns new dicts with
+    ``p_adjusted``, ``alpha`` and ``verdict``.
+    """
+    adjusted = holm([t["p_value"] for t in tests])
+    m = sum(not math.isnan(t["p_value"]) for t in tests)
+    ranks = {i: r for r, i in enumerate(sorted(range(len(tests)), key=lambda i: adjusted[i]))}
+    out = []
+    for i, t in enumerate(tests):
+        p_adj = adjusted[i]
+        verdict = UNRESOLVED
+        if t["kind"] == "less":
+            if p_adj < alpha:
+                verdict = SUPPORTED if t["mean_difference"] < 0 else OPPOSITE
+        elif p_adj < alpha:
+            verdict = SUPPORTED
+        elif min(1.0, (m - ranks[i]) * t["p_difference"]) < alpha:
+            verdict = OPPOSITE
+        out.append({**t, "p_adjusted": p_adj, "alpha": alpha, "verdict": verdict})
+    return out
