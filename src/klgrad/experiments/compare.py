@@ -288,11 +288,52 @@ def summarize(results: list[dict], methods, betas, level: str, steps: int, seeds
     }
 
 
+def plain_answer(summary: dict) -> list[str]:
+    """A few plain sentences: how far each method ended from the reference, and what each prediction got."""
+    b = summary["betas"][0]
+    key = summary["kl_metric"]
+    label = "exact KL(π‖π_ref)" if key == "exact_kl" else "sampled KL (k1)"
+    kls = []
+    for name, row in summary["table"].items():
+        method, beta = name.rsplit("@", 1)
+        if float(beta) == b and key in row:
+            kls.append((row[key]["mean"], method))
+    out = []
+    if kls:
+        ranked = ", ".join(f"{m} {v:.3f}" for v, m in sorted(kls))
+        out.append(
+            f"**Distance to the reference** (final {label} on held-out prompts, mean over seeds, β = {b:g}, "
+            f"closest first): {ranked}."
+        )
+    for p in summary["predictions"]:
+        lo, hi = p["ci95"]
+        d = (
+            f"mean difference {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}], {p['a']} below {p['b']} in "
+            f"{p['n_negative']} of {p['n_pairs']} seeds, paired p = {p['p_adjusted']:.3g} (Holm)"
+        )
+        if p["verdict"] == "opposite":
+            what = (
+                "**the opposite holds**: they differ"
+                if p["kind"] == "equivalent"
+                else f"**the opposite holds**: {p['b']} ends lower than {p['a']}"
+            )
+        elif p["verdict"] == "supported":
+            what = "**supported**"
+        else:
+            what = "**not resolved at this sample size**"
+        out.append(f"- *{p['claim']}* ({p['metric']}): {what}; {d}.")
+    return out
+
+
 def summary_markdown(summary: dict) -> str:
     lines = [
         f"# klgrad compare — level `{summary['level']}`, {summary['steps']} steps, {summary['seeds']} seeds",
         "",
-        "Final metrics, mean ± 95% CI over seeds (t interval).",
+        *plain_answer(summary),
+        "",
+        "## Final metrics",
+        "",
+        "Mean ± 95% CI over seeds (t interval).",
         "",
         "| method @ β | greedy acc. | exact KL | sampled k1 | sampled k3 | log-prob gap | reward std in group |",
         "|---|---|---|---|---|---|---|",
