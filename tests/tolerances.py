@@ -103,3 +103,30 @@ def adamw_step_bound(lr: float, steps: int, betas: tuple[float, float] = (0.9, 0
         kappa *= math.sqrt((1 - b2**t) / (1 - b2))
         total += lr * kappa
     return total
+
+
+def model_tol(config, scale: float, dtype: torch.dtype = torch.float32) -> float:
+    """:func:`network_tol` of a Llama-style ``transformers`` config: depth from its layer count, width the
+    largest of hidden and intermediate sizes; ``scale`` the magnitude of the compared output (e.g. max |logit|)."""
+    inner = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * config.hidden_size
+    width = max(config.hidden_size, inner)  # GPT-2's MLP is n_inner (default 4·hidden) wide
+    return network_tol(llama_depth(config.num_hidden_layers), width, scale, dtype)
+
+
+def max_abs_logit(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> float:
+    """max |logit| of ``model`` on a batch: the magnitude a logit or log-prob tolerance scales with.
+
+    A log-prob z_k − lse(z) moves by at most 2·max_j |Δz_j| when the logits move by Δz, so a log-prob comparison
+    uses twice the logits' tolerance.
+    """
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=pos).logits
+    return float(logits.abs().max())
+
+
+def logprob_tol(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0) -> float:
+    """Distance between two float32 evaluations of ``model``'s token log-probs at ``temperature`` on this batch:
+    twice the logits' :func:`model_tol` at the batch's largest |logit| / temperature (log-softmax is 2-Lipschitz
+    in the max norm). An entropy moves by at most this times the logit range, 2·max|z|/temperature."""
+    return 2 * model_tol(model.config, max_abs_logit(model, input_ids, attention_mask) / temperature)
