@@ -1,4 +1,10 @@
-"""The audit end to end: CLI, files, numbers, user penalties, bad input."""
+"""The audit end to end: CLI, files, numbers, user penalties, bad input.
+
+Tolerances: these checks run in float64 (u = 2^-53 ≈ 1.1e-16) on closed forms and enumerations of at most a few
+thousand terms of magnitude O(1), so two correct evaluations agree to γ_n·Σ|x| ≲ 1e-12 (n ≤ 10^4: γ_n ≈ 1.1e-12,
+relative to the magnitudes involved); the 1e-12 / 1e-13 / 1e-15 bounds below are that. Float32 checks carry
+their own derivation beside them.
+"""
 
 from __future__ import annotations
 

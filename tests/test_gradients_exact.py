@@ -3,6 +3,11 @@
 The expected gradient of a per-sample loss under samples from q is ∇_θ Σ_y q(y) ℓ(y; θ), computed with the
 library's own ``kl_loss_per_sequence`` on a batch holding every response once (float64). Targets are
 computed independently from closed-form divergences (``exact_objective``), never from the heads.
+
+Tolerances: these checks run in float64 (u = 2^-53 ≈ 1.1e-16) on closed forms and enumerations of at most a few
+thousand terms of magnitude O(1), so two correct evaluations agree to γ_n·Σ|x| ≲ 1e-12 (n ≤ 10^4: γ_n ≈ 1.1e-12,
+relative to the magnitudes involved); the 1e-12 / 1e-13 / 1e-15 bounds below are that. Float32 checks carry
+their own derivation beside them.
 """
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_inverse_cdf_draw_hits_each_token_with_its_probability():
     tok, lp = _sample(logits, 1.0, 1.0, False, u)
     counts = torch.bincount(tok, minlength=5).float()
     assert counts[1] == 0
-    assert torch.allclose(counts / k, p, atol=1.0 / k)
+    assert torch.allclose(counts / k, p, atol=1.0 / k)  # a deterministic grid: off by at most one draw per edge
     assert torch.allclose(lp, p.log()[tok])
 
 

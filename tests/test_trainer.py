@@ -276,7 +276,8 @@ def test_dropout_is_off_in_rl_so_step_one_has_zero_kl_and_unit_ratios(tmp_path, 
     )
     train(cfg, progress=False)
     rec = next(r for r in read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl") if r["step"] == 1)
-    # float32 log-probs of <= 8 tokens summed: rounding of order 8 * 20 * 6e-8 ~ 1e-5 even if the passes differ
+    # float32 log-probs of <= 8 tokens summed (|log p| <= 20 each, a few roundings per token): 8·20·u·(a few)
+    # ~ 1e-5 even if the passes differ; dropout left on gives O(1) (KL loss 4182 measured)
     assert abs(rec["loss/kl"]) <= 1e-5, rec["loss/kl"]
     assert abs(rec["kl/k1"]) <= 1e-5, rec["kl/k1"]
     assert abs(rec["ratio/mean"] - 1.0) <= 1e-5, rec["ratio/mean"]
