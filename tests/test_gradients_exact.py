@@ -26,7 +26,8 @@ from klgrad.audit.tabular import (
     sequence_logps,
     token_logps,
 )
-from klgrad.kl import KL_HEADS, LEVELS, custom_kl_head, kl_loss_per_sequence
+from klgrad.kl import KL_HEADS, LEVELS, custom_kl_head, get_kl_head, kl_loss_per_sequence, level_coefficients
+from klgrad.objective import combined_advantages, policy_gradient_loss
 
 pytestmark = [pytest.mark.filterwarnings("ignore:k1_as_loss has zero expected gradient"), pytest.mark.numerics]
 
@@ -305,3 +306,65 @@ def test_per_sample_variance_matches_a_per_sample_backward_loop():
     ref_var = float((q * ((grads - ref_mean) ** 2).sum((1, 2))).sum())
     torch.testing.assert_close(mean, ref_mean, rtol=0, atol=1e-13)
     assert var == pytest.approx(ref_var, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the combined form's token_to_go level under group shaping: enumerate every group of G responses
+
+GROUP_SHAPINGS = [("grpo", None), ("grpo", 0.1), ("dr_grpo", None), ("rloo", None), ("reinforce_pp_baseline", None)]
+U64 = 2.0**-53  # float64 unit roundoff
+
+
+def group_expected_gradient(sp, theta, ref, rewards, G, method, std_min, level, beta=0.5, std_full=False):
+    """E over i.i.d. groups y_1..y_G ~ π of ∇_θ Σ_i Σ_t loss_it, loss = the on-policy PPO head with the combined
+    advantages (detached, as the trainer computes them): the exact sum over all N^G groups.
+
+    Returns (expected gradient (S, V), bound (S, V)-norm on its float64 rounding). ``std_full``: instead, the
+    prefix term scaled by 1/clip(std) of the whole group, sample i's own total included (the biased form).
+    """
+    idx = torch.tensor(list(itertools.product(range(sp.num_sequences), repeat=G))).reshape(-1)  # (n·G,)
+    th = theta.clone().requires_grad_(True)
+    logp = token_logps(sp, th)[idx]  # (n·G, T)
+    lp, rlp, mask, r = logp.detach(), token_logps(sp, ref)[idx], sp.mask[idx], rewards[idx]
+    kw = dict(beta=beta, group_size=G, method=method, std_min=std_min)
+    per_group = method == "reinforce_pp_baseline"  # batch statistics: one call per group (the batch is one group)
+    n_rows = idx.numel()
+    chunks = [slice(a, a + G) for a in range(0, n_rows, G)] if per_group else [slice(0, n_rows)]
+    adv = torch.cat(
+        [combined_advantages(r[s], "k1_in_reward", lp[s], rlp[s], mask[s], level=level, **kw) for s in chunks]
+    )  # (n·G, T)
+    if std_full:
+        seq = torch.cat(
+            [combined_advantages(r[s], "k1_in_reward", lp[s], rlp[s], mask[s], level="sequence", **kw) for s in chunks]
+        )  # (n·G, T)
+        coef = level_coefficients(get_kl_head("k1_in_reward"), lp, rlp, mask, "token_to_go")  # (n·G, T)
+        totals = r - beta * coef[:, 0]  # (n·G,), every response has a first token at t = 0
+        std = totals.view(-1, G).std(-1).clamp(min=std_min or 0.0).repeat_interleave(G)  # (n·G,)
+        std = torch.where(std > 0, std, 1.0)  # a constant group: 1, as the biased form had it
+        adv = torch.where(mask, seq + beta * (coef[:, :1] - coef) / std[:, None], 0.0)
+    q = lp.sum(-1).exp().view(-1, G).prod(-1).repeat_interleave(G)  # (n·G,) probability of the row's group
+    loss = policy_gradient_loss(logp, adv, mask)  # (n·G, T), gradient -A ∇l
+    (g,) = torch.autograd.grad((q[:, None] * loss).sum(), th)
+    # Each entry of g sums at most n·G·T terms q·A·∂l/∂θ with |∂l/∂θ| ≤ 1, so float64 summation adds at most
+    # n·G·T·u·Σ q|A|; the advantages' own rounding (a few u relative) is of the same order: bound ×2.
+    bound = 2 * n_rows * sp.length * U64 * float((q[:, None] * adv.abs()).sum())
+    return g, bound
+
+
+@pytest.mark.parametrize(("vocab", "length", "eos"), [(2, 2, False), (2, 2, True)])
+@pytest.mark.parametrize("G", [2, 4])
+@pytest.mark.parametrize(("method", "std_min"), GROUP_SHAPINGS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_combined_token_to_go_has_the_sequence_level_expected_gradient(vocab, length, eos, G, method, std_min, seed):
+    """The prefix term s_{-i}·β·Σ_{t'<t} c has zero expected gradient because s_{-i} ignores sample i."""
+    sp, theta, ref, _ = problem(vocab, length, eos, seed)
+    rewards = torch.rand(sp.num_sequences, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    g_seq, b_seq = group_expected_gradient(sp, theta, ref, rewards, G, method, std_min, "sequence")
+    g_ttg, b_ttg = group_expected_gradient(sp, theta, ref, rewards, G, method, std_min, "token_to_go")
+    # each side is within its rounding bound of its exact value, and the exact values are equal
+    assert float((g_ttg - g_seq).norm()) <= (b_seq + b_ttg) * g_seq.numel() ** 0.5
+    assert float(g_seq.norm()) > 1e3 * (b_seq + b_ttg) * g_seq.numel() ** 0.5  # the check is not vacuous
+    if method == "grpo" and G == 4:
+        # power: scaled by the group's own std (sample i's total included) the prefix term biases the gradient
+        g_full, _ = group_expected_gradient(sp, theta, ref, rewards, G, method, std_min, "token_to_go", std_full=True)
+        assert rel(g_full, g_seq) > 1e-3

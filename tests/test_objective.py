@@ -420,7 +420,7 @@ def test_decoupled_kl_head_gradient_equals_combined(level, head, sign, agg):
 # 5. combined_advantages against a plain-loop reference
 # ==========================================================================================================
 
-# B = 4, G = 2, T = 4; left padding, holes and different lengths.
+# B = 4, T = 4, G = 2 or 4; left padding, holes and different lengths.
 CA_MASK = [[False, True, True, True], [True, False, True, True], [False, False, True, True], [True] * 4]
 CA_L = [[NAN, -0.5, -1.5, -0.25], [-2.0, NAN, -0.75, -1.0], [NAN, NAN, -0.1, -3.0], [-0.2, -0.4, -0.6, -0.8]]
 CA_U = [[NAN, 0.4, -0.3, 0.2], [0.1, NAN, 0.5, -0.6], [NAN, NAN, 0.9, 0.3], [-0.2, 0.05, 0.15, 0.7]]
@@ -440,40 +440,50 @@ def _clip(s: float, lo, hi) -> float:
     return s
 
 
+def _loo_inv_std(others: list[float], std_min, std_max) -> float:
+    """1/clip(stdev(others)); 0 when the std is undefined (< 2 others) or 0 after clipping."""
+    if len(others) < 2:
+        return 0.0
+    s = _clip(statistics.stdev(others), std_min, std_max)
+    return 1.0 / s if s > 0 else 0.0
+
+
 def _ref_scale(x: list[float], G: int, method: str, std_min, std_max) -> list[float]:
-    """∂A_i/∂x_i with the shaping statistics held fixed, by plain loops."""
+    """Prefix multiplier s_{-i}: the normalisation computed with sample i left out, by plain loops."""
     B = len(x)
     if method in ("none", "group_baseline", "rloo", "dr_grpo", "batch_baseline"):
         return [1.0] * B
-    if method in ("group_norm", "grpo"):
-        out = []
-        for g0 in range(0, B, G):
-            s = _clip(statistics.stdev(x[g0 : g0 + G]), std_min, std_max)
-            out += [1.0 / s] * G
-        return out
-    if method in ("batch_norm", "reinforce", "reinforce_pp"):
-        return [1.0 / _clip(statistics.stdev(x), std_min, std_max)] * B
-    if method == "reinforce_pp_baseline":
-        centred = []
-        for g0 in range(0, B, G):
-            grp = x[g0 : g0 + G]
-            m = sum(grp) / G
-            centred += [v - m for v in grp]
-        return [1.0 / _clip(statistics.stdev(centred), std_min, std_max)] * B
-    raise AssertionError(method)
+    out = []
+    for i in range(B):
+        g0 = i - i % G
+        if method in ("group_norm", "grpo"):
+            out.append(_loo_inv_std([x[j] for j in range(g0, g0 + G) if j != i], std_min, std_max))
+        elif method in ("batch_norm", "reinforce", "reinforce_pp"):
+            out.append(_loo_inv_std([x[j] for j in range(B) if j != i], std_min, std_max))
+        elif method == "reinforce_pp_baseline":
+            centred = []  # group baselines recomputed without sample i, then the batch std of the rest
+            for h0 in range(0, B, G):
+                members = [j for j in range(h0, h0 + G) if j != i]
+                m = sum(x[j] for j in members) / len(members)
+                centred += [x[j] - m for j in members]
+            out.append(_loo_inv_std(centred, std_min, std_max))
+        else:
+            raise AssertionError(method)
+    return out
 
 
 @pytest.mark.parametrize("head", ["k1_in_reward", "k3_as_loss"])
 @pytest.mark.parametrize("method", CA_METHODS)
 @pytest.mark.parametrize(("std_min", "std_max"), [(None, None), (5.0, None), (None, 0.01)])
 @pytest.mark.parametrize("beta", [0.0, 0.4])
-def test_combined_advantages_reference(head, method, std_min, std_max, beta):
+@pytest.mark.parametrize("G", [2, 4])
+def test_combined_advantages_reference(head, method, std_min, std_max, beta, G):
     mask = mask_of(CA_MASK)
     l = t64(CA_L)
     u = t64(CA_U)
     ref = l - u
     R = t64(CA_R)
-    G, B, T = 2, 4, 4
+    B, T = 4, 4
     # --- sequence: A = shape(R - β c(U)) on every response token
     U = [sum(CA_U[i][t] for t in range(T) if CA_MASK[i][t]) for i in range(B)]
     x_seq = t64([CA_R[i] - beta * _c(head, U[i]) for i in range(B)])
@@ -493,7 +503,7 @@ def test_combined_advantages_reference(head, method, std_min, std_max, beta):
     )
     exp = t64([[a_seq[i].item() if CA_MASK[i][t] else 0.0 for t in range(T)] for i in range(B)])
     close(got, exp)
-    # --- token_to_go: A_{i,t} = shape(R - β Σ c)_i + scale_i · β · Σ_{t'<t} c_t'
+    # --- token_to_go: A_{i,t} = shape(R - β Σ c)_i + s_{-i} · β · Σ_{t'<t} c_t'
     c = [[_c(head, CA_U[i][t]) if CA_MASK[i][t] else 0.0 for t in range(T)] for i in range(B)]
     x_tot = [CA_R[i] - beta * sum(c[i]) for i in range(B)]
     a_tot = shape_rewards(t64(x_tot), G, method, std_min, std_max).tolist()

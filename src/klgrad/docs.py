@@ -49,6 +49,25 @@ FORM_TEXT: dict[str, str] = {
 }
 """SPEC §6, one entry per form of :data:`klgrad.objective.FORMS`."""
 
+COMBINED_TOKEN_TO_GO_TEXT = (
+    "Combined at `token_to_go`: token t of response i gets A_{i,t} = shape(x)_i + s_{-i}·β·Σ_{t'<t} c_t', "
+    "x_i = R_i - β Σ_t c_t. The first term is the sequence-level advantage; the prefix term takes back the KL "
+    "paid before t. Its multiplier s_{-i} is the shaping's normalisation computed with sample i left out "
+    "(group_norm: 1/clip(std) of the other G - 1 totals of the group; batch_norm: of the other B - 1 values, the "
+    "chain's baselines recomputed without i; baseline-only shaping: 1). It does not depend on y_i, so the prefix "
+    "term has zero expected gradient and the expected gradient equals the sequence level's exactly. Where the "
+    "leave-one-out std is undefined (G = 2 under group_norm) or 0 after clipping, s_{-i} = 0: those tokens get "
+    "the sequence-level advantage (any constant would be unbiased; 0 never adds variance, and 1/std_min raised "
+    "E‖g‖² up to 12× in the check below). Scaling by the whole group's std, which contains sample i's own total, "
+    "is biased. Exact enumeration of every group (T = 2, V = 2 fixed length, k1_in_reward, β = 0.5, three random "
+    "policies and rewards; `tests/test_gradients_exact.py`), relative error of the expected gradient against the "
+    "sequence level, and E‖g‖² over the sequence level's, own-std scale → leave-one-out scale: grpo G = 2: "
+    "0.036–2.6 → ≤ 1e-15, 1.05–22 → 1; grpo G = 4: 0.022–0.70 → ≤ 4e-15, 1.03–11.5 → 1.0–9.1; grpo G = 4, "
+    "std_min 0.1: 0.016–0.26 → ≤ 4e-15, 1.0–3.7 → 0.98–3.5; dr_grpo and rloo: exact (≤ 4e-15) before and after. "
+    "Under a normalising shaper the per-token form is not guaranteed lower-variance than the sequence level."
+)
+"""The combined form's per-token return under shaping: what is exact and why."""
+
 RATIO_LEVEL_TEXT: dict[str, str] = {
     "token": "ρ_t = exp(l_t - o_t), one ratio per token.",
     "sequence": "ρ = exp(Σ_t m_t (l_t - o_t)), one ratio per response (unbiased importance sampling of whole "
@@ -134,6 +153,8 @@ def math_markdown() -> str:
             "## How a head joins the reward: form",
             "",
             _bullets(FORM_TEXT, FORMS),
+            "",
+            COMBINED_TOKEN_TO_GO_TEXT,
             "",
             "## Off-policy: importance sampling and the clip side",
             "",

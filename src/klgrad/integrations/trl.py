@@ -25,10 +25,11 @@ from R are replaced by :func:`klgrad.objective.combined_advantages` of the raw s
 generation time (TRL's ``old_per_token_logps`` when it has them, else one extra no-grad forward). The shaping
 is klgrad's ``shaping`` method (default from TRL's ``scale_rewards``: ``group`` -> ``grpo``, ``none`` ->
 ``dr_grpo``). The advantages are stored as a (B, T) tensor, which TRL's ``_compute_loss`` accepts as is, so
-``token_to_go`` gives every token its own advantage A_{i,t} = shape(R - β·C)_i + scale_i·β·Σ_{t'<t} c_{t'}
-(sequence level: the same value on every token). The coefficients are computed once per generation batch
-(groups are split into micro-batches later) with the behaviour policy's log-probs, as PPO does; TRL's clipped
-importance ratio corrects later iterations. SPEC's "recompute every epoch" is not done here.
+``token_to_go`` gives every token its own advantage A_{i,t} = shape(R - β·C)_i + s_{-i}·β·Σ_{t'<t} c_{t'}, with
+s_{-i} the shaping's normalisation computed without completion i, so its expected gradient is exactly the
+sequence level's (sequence level: the same value on every token). The coefficients are computed once per
+generation batch (groups are split into micro-batches later) with the behaviour policy's log-probs, as PPO does;
+TRL's clipped importance ratio corrects later iterations. SPEC's "recompute every epoch" is not done here.
 
 Metrics, in TRL's logs (``trainer.state.log_history``): ``kl/k1``, ``kl/k2``, ``kl/k3`` (estimates of the
 sequence KL from the summed log-ratio), ``kl/logp_gap`` (mean l - r per token), ``kl/logp_gap_abs``; decoupled:
