@@ -164,6 +164,7 @@ REPRODUCE_TARGETS = (
     "group-norm",
     "gradient-equivalence",
     "offpolicy",
+    "fixed-points",
 )
 
 
@@ -216,6 +217,10 @@ def _reproduce(args: argparse.Namespace, out: Path) -> int:
         from klgrad.experiments.rl_repro import run_offpolicy
 
         run_offpolicy(out, steps=args.steps or 40)
+    elif name == "fixed-points":
+        from klgrad.experiments.fixed_points import write_fixed_points
+
+        write_fixed_points(out)
     print((out / "verdict.md").read_text())
     print(f"wrote {out}/ (JSON, PNG, verdict.md)")
     return 0

@@ -83,6 +83,58 @@ AGGREGATION_TEXT: dict[str, str] = {
 """One entry per aggregation of :data:`klgrad.objective.AGGREGATIONS`."""
 
 
+FIXED_POINTS_TEXT: tuple[str, ...] = (
+    "## Where training ends: forward vs reverse KL",
+    "",
+    "With a fixed reward R(y) and KL weight β, training with a head's *expected* gradient ends where that gradient "
+    "vanishes. `klgrad reproduce fixed-points` finds these fixed points exactly (tabular policies, every response "
+    "enumerated) and checks the closed forms below.",
+    "",
+    "**k3 is a forward-KL gradient.** k3's coefficient is c = 1 - π_ref/π. At sequence level, on-policy, "
+    "E_π[(1 - π_ref(y)/π(y)) ∇log π(y)] = Σ_y ∇π(y) - Σ_y π_ref(y) ∇log π(y) = 0 + ∇KL(π_ref‖π): exactly the "
+    "forward KL. At token level the same algebra runs per step: in state s (a prefix), "
+    "E_{v~π(·|s)}[(1 - π_ref(v|s)/π(v|s)) ∇log π(v|s)] = ∇KL(π_ref(·|s)‖π(·|s)), and summing over the steps with "
+    "the prefix probabilities P(s) held fixed gives `local_fkl`, the per-step forward-KL gradient. At "
+    "`token_to_go` the extra terms c_t' (t' > t) have zero mean given their own prefix (E_π[1 - π_ref/π | s'] = 0), "
+    "so it has the same expectation as `token`. k1_in_reward and k2_as_loss at `sequence`/`token_to_go` give the "
+    "exact reverse-KL gradient ∇KL(π‖π_ref).",
+    "",
+    "**The reverse-KL optimum.** Maximising E_π[R] - β·KL(π‖π_ref) over distributions gives "
+    "π*(y) = π_ref(y)·exp(R(y)/β) / Z, and E_π[R] - β·KL(π‖π_ref) = β log Z - β·KL(π‖π*).",
+    "",
+    "**The forward-KL optimum.** Maximise E_π[R] - β·KL(π_ref‖π) = Σ_y π(y)R(y) + β Σ_y π_ref(y) log π(y) - "
+    "β Σ_y π_ref(y) log π_ref(y) subject to Σ_y π(y) = 1. The objective is concave in π (log is concave), so its "
+    "stationary point is the maximum. With a Lagrange multiplier λ for the constraint, ∂/∂π(y) gives "
+    "R(y) + β π_ref(y)/π(y) - λ = 0, so",
+    "",
+    "    π_f(y) = β·π_ref(y) / (λ - R(y)),",
+    "",
+    "with λ > max_y R(y) (every π_f(y) > 0 where π_ref(y) > 0). f(λ) = Σ_y β π_ref(y)/(λ - R(y)) falls from +∞ "
+    "at λ → max R to at most 1 at λ = max R + β, so Σ_y π_f = 1 has one root there, found by bisection. Summing "
+    "π_f(y)(λ - R(y)) = β π_ref(y) over y gives λ = E_{π_f}[R] + β. The two optima tilt the reference "
+    "differently: π*/π_ref = exp(R/β)/Z is the same factor for every rewarded response, while "
+    "π_f/π_ref = β/(λ - R) becomes large when λ is close to max R, which happens when the rewarded responses hold "
+    "little reference mass.",
+    "",
+    "**Removing mass vs creating mass.** Reverse KL, Σ_y π log(π/π_ref): the term of a response y vanishes as "
+    "π(y) → 0, so removing mass from any response costs nothing extra however much the reference likes it; putting "
+    "mass π(y) on a response the reference finds unlikely costs π(y) log(π(y)/π_ref(y)), large when π_ref(y) is "
+    "small. Forward KL, Σ_y π_ref log(π_ref/π): removing mass from a response the reference likes costs "
+    "π_ref(y) log(π_ref(y)/π(y)) → ∞ as π(y) → 0; creating mass on a response with small π_ref(y) costs little "
+    "(its term is weighted by π_ref(y), and it even falls as π(y) grows). Forward KL is mass-covering, reverse "
+    "KL mode-seeking. Hence a regime map for k2 (reverse) vs k3 (forward): in *sharpening* (the rewarded "
+    "responses already hold most of the reference's mass; RL mostly removes mass from the wrong ones) k3 resists "
+    "more and ends closer to the reference; in *discovery* (the rewarded responses hold little reference mass) k2 "
+    "resists more. The measured fixed points are in [reproduction.md](reproduction.md) (`fixed-points`).",
+    "",
+    "**MSE.** mse_in_reward at sequence level maximises E_π[R] - (β/2)·Σ_y (π(y) - π_ref(y))²; its KKT solution is "
+    "π_m(y) = max(0, π_ref(y) + (R(y) - λ)/β). The penalty is bounded, so the optimum drops responses entirely "
+    "(it lies on the boundary of the simplex).",
+    "",
+)
+"""docs/math.md's section on fixed points (checked by ``klgrad reproduce fixed-points`` and its tests)."""
+
+
 def _code(x: str) -> str:
     return x if x in ("—", "") else f"`{x}`"
 
@@ -178,6 +230,7 @@ def math_markdown() -> str:
             "",
             _bullets(AGGREGATION_TEXT, AGGREGATIONS),
             "",
+            *FIXED_POINTS_TEXT,
         ]
     )
 
