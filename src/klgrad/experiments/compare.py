@@ -385,8 +385,21 @@ PANELS = (
 )
 
 
+EVAL_PANELS = (
+    ("eval/kl_to_optimum", "held-out KL(π‖π*) to the optimum of J_β (exact)"),
+    ("eval/exact_kl", "held-out KL(π‖π_ref) (exact)"),
+    ("eval/greedy_accuracy", "held-out greedy accuracy"),
+)
+"""Panels of the held-out evaluations (every ``train.eval_every`` steps), drawn as points joined by lines."""
+
+
+def _run_records(out_dir: Path, method: str, beta: float, seeds: list[int]) -> list[list[dict]]:
+    return [read_jsonl(out_dir / "runs" / f"{method}-beta{beta:g}-seed{s}" / "metrics.jsonl") for s in seeds]
+
+
 def plot_grid(out_dir: Path, grid, methods, betas) -> None:
-    """The paper's panel layout: mean over seeds with a ±1 sd band, one colour per method (first β)."""
+    """The paper's panel layout (training batches: mean over seeds with a ±1 sd band, one colour per method,
+    first β) and a row of held-out evaluations: distance to the optimum π*, to the reference, accuracy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -394,22 +407,16 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
     import numpy as np
 
     b = betas[0]
-    fig, axes = plt.subplots(3, 3, figsize=(14, 10))
+    fig, axes = plt.subplots(4, 3, figsize=(14, 13))
     for m in methods:
-        series = []
-        for mm, bb, s in grid:
-            if mm == m and bb == b:
-                rs = [
-                    r
-                    for r in read_jsonl(out_dir / "runs" / f"{m}-beta{b:g}-seed{s}" / "metrics.jsonl")
-                    if "reward/mean" in r
-                ]
-                series.append(rs)
-        if not series:
+        seeds = [s for mm, bb, s in grid if mm == m and bb == b]
+        if not seeds:
             continue
+        runs = _run_records(out_dir, m, b, seeds)
+        series = [[r for r in rs if "reward/mean" in r] for rs in runs]
         n = min(len(s) for s in series)
         steps = [r["step"] for r in series[0][:n]]
-        for ax, (key, label) in zip(axes.flat, PANELS, strict=True):
+        for ax, (key, label) in zip(axes.flat[:9], PANELS, strict=True):
             y = np.array([[r[key] if r.get(key) is not None else np.nan for r in s[:n]] for s in series])
             k = max(1, n // 25)  # light smoothing for readability (moving average over k steps)
             kernel = np.ones(k) / k
@@ -420,8 +427,25 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
             ax.fill_between(xs, mean - sd, mean + sd, color=COLORS.get(m), alpha=0.15)
             ax.set_title(label, fontsize=10)
             ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
-    fig.suptitle(f"klgrad compare — mean over seeds ± 1 sd (β = {b:g}); moving average for readability", fontsize=11)
+        for ax, (key, label) in zip(axes.flat[9:], EVAL_PANELS, strict=True):
+            evals = [{r["step"]: r[key] for r in rs if r.get(key) is not None} for rs in runs]
+            common = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
+            if common:
+                y = np.array([[e[t] for t in common] for e in evals])  # (seeds, evals)
+                ax.errorbar(
+                    common, y.mean(0), yerr=y.std(0), color=COLORS.get(m), marker="o", ms=4, lw=1.4, capsize=3, label=m
+                )
+            ax.set_title(label, fontsize=10)
+            ax.set_xlabel("step", fontsize=8)
+            ax.grid(alpha=0.3)
+    for ax in (axes.flat[0], axes.flat[9]):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(
+        f"klgrad compare — mean over seeds ± 1 sd (β = {b:g}); training panels smoothed by a moving average; "
+        "bottom row: held-out evaluations",
+        fontsize=11,
+    )
     fig.tight_layout()
     fig.savefig(out_dir / "comparison.png", dpi=110)
     plt.close(fig)
