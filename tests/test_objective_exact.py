@@ -251,3 +251,17 @@ def test_exact_objective_end_to_end_with_tokenizer_and_rewards():
     tk = tree_kl(policy, ref, rows, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, max_new_tokens=3, prune=1e-3)
     assert out["kl"] == pytest.approx(tk["kl"], abs=1e-12)  # the same enumeration and sums
     assert 0 <= out["pruned_mass"] <= out["pruned_mass_max"] < 1
+
+
+def test_eval_objective_prompts_default_and_validation():
+    from klgrad.config import ConfigError, load_config
+    from klgrad.trainer import eval_objective_prompts
+
+    assert eval_objective_prompts(load_config("configs/tiny_add.yaml", {})) == 20  # short answers
+    assert eval_objective_prompts(load_config("configs/tiny_add.yaml", {"rollout.max_new_tokens": 11})) == 0
+    assert eval_objective_prompts(load_config("configs/tiny_add.yaml", {"kl.beta": 0.0})) == 0
+    assert eval_objective_prompts(load_config("configs/tiny_add.yaml", {"train.eval_objective_prompts": 0})) == 0
+    with pytest.raises(ConfigError, match="eval_objective_prompts"):
+        load_config("configs/tiny_add.yaml", {"train.eval_objective_prompts": -1})
+    with pytest.raises(ConfigError, match="eval_objective_prompts"):
+        load_config("configs/tiny_add.yaml", {"train.eval_objective_prompts": 5, "kl.beta": 0.0})

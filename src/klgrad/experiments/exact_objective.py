@@ -38,6 +38,10 @@ from torch import Tensor
 
 from klgrad.experiments.exact_kl import ResponseTree, enumerate_responses, kl_terms
 
+PRUNE = 1e-4
+"""Default pruning threshold of the enumeration: a 2-digit sum at ``max_new_tokens`` = 8 then leaves ~0.6% of
+π's mass in pruned subtrees (mean over 20 held-out prompts, shipped reference) for ~1.5 s on two CPU cores."""
+
 BUILTIN_RANGE = (0.0, 1.0)
 """Values of the built-in ``accuracy`` and ``format`` rewards (a failed call counts 0)."""
 
@@ -173,7 +177,7 @@ def exact_objective(
     beta: float,
     max_new_tokens: int,
     temperature: float = 1.0,
-    prune: float = 1e-4,
+    prune: float = PRUNE,
     reward_batch: int = 256,
 ) -> dict:
     """J_β, J*, KL(π‖π*) and KL(π‖π_ref) of ``policy`` on the prompts of ``examples``, means over the prompts.
@@ -184,9 +188,10 @@ def exact_objective(
     Returns:
         ``{"beta", "J", "J_star", "kl_to_optimum", "kl", "reward", "pruned_mass", "pruned_mass_ref",
         "pruned_mass_max", "reward_error", "J_star_error", "reward_range", "reward_range_known",
-        "reward_failures", "n_prompts", "leaves", "nodes", "seconds"}``: every number a mean over prompts
-        except the counts, ``pruned_mass_max`` (the largest π pruned mass of one prompt) and the range; the
-        error bounds are means of the per-prompt bounds, so they bound the error of the means.
+        "reward_failures", "n_prompts", "leaves", "nodes", "seconds", "seconds_rewards"}``: every number a
+        mean over prompts except the counts, the times, ``pruned_mass_max`` (the largest π pruned mass of one
+        prompt) and the range; the error bounds are means of the per-prompt bounds, so they bound the error
+        of the means.
     """
     from klgrad.rollout.encoding import encode_prompts
 
@@ -203,9 +208,11 @@ def exact_objective(
         temperature=temperature,
         prune=prune,
     )
+    t1 = time.perf_counter()
     texts = tokenizer.batch_decode(tree.responses, skip_special_tokens=True)
     leaf_prompt = tree.leaf_prompt.tolist()
     totals, failures = score_leaves(specs, examples, leaf_prompt, texts, reward_batch)
+    t2 = time.perf_counter()
     rng, known = reward_range(specs, totals)
     per = objective_of_tree(tree, torch.tensor(totals, dtype=torch.float64), beta, rng)
     m, m_ref = tree.pruned_mass(), tree.pruned_mass(ref=True)  # (P,)
@@ -228,4 +235,5 @@ def exact_objective(
         "leaves": len(texts),
         "nodes": tree.nodes,
         "seconds": time.perf_counter() - t0,
+        "seconds_rewards": t2 - t1,
     }
