@@ -10,6 +10,7 @@ import torch
 from klgrad.cli import main
 from klgrad.experiments.compare import method_overrides, run_compare
 from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
+from tolerances import llama_depth, network_tol
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
@@ -19,6 +20,7 @@ SMALL = {
     "rollout.prompts_per_step": 4,
     "rollout.group_size": 4,
     "algo.micro_batch_size": 16,
+    "train.eval_objective_prompts": 3,
 }
 
 
@@ -42,6 +44,24 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         assert 0 <= r["greedy_accuracy"] <= 1
         assert r["exact_kl"] >= -1e-9  # a KL
         assert r["exact_kl_pruned_mass"] < 0.2
+        obj = r["objective"]  # the exact objective of the final policy, on the exact KL's prompts
+        assert obj["beta"] == 0.5  # the grid's β, method none included
+        assert obj["n_prompts"] == 3
+        assert obj["kl"] == r["exact_kl"]  # one enumeration gives both
+        assert obj["J_star"] >= obj["J"]
+        assert 0 <= obj["pruned_mass"] < 0.2
+        # float64 sums over a few thousand outcomes of size ≤ ~10: rounding ~1e-12, far below 1e-10
+        assert obj["J_star"] - obj["J"] == pytest.approx(0.5 * obj["kl_to_optimum"], abs=1e-10)
+        run_dir = out / "runs" / f"{r['method']}-beta0.5-seed{r['seed']}"
+        evals = [e for e in read_jsonl(run_dir / "metrics.jsonl") if "eval/J" in e]
+        assert [e["step"] for e in evals] == [0, 1, 2]  # the reference, then every evaluation
+        assert all(e["eval/J_star"] >= e["eval/J"] for e in evals)
+        # Step 0 is the reference against itself, two float32 instances: logits agree within
+        # δ = network_tol(depth, 512, LOGIT_BOUND), log-probs within 2δ (log-softmax is 2-Lipschitz); a per-step
+        # KL(p‖q) with log q − log p of range ≤ 4δ is ≤ (4δ)²/8 = 2δ² (Hoeffding's lemma), T = 8 steps add up.
+        delta = network_tol(llama_depth(4), 512, 30.0)
+        assert abs(evals[0]["eval/exact_kl"]) <= 8 * 2 * delta**2
+    assert "kl_to_optimum" in summary["table"]["k2_as_loss@0.5"]
     claims = [p["claim"] for p in summary["predictions"]]
     assert any("k2_as_loss keeps KL below k3_as_loss" in c for c in claims)
     for p in summary["predictions"]:
@@ -124,6 +144,7 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
     assert any(not torch.equal(policy[k], start[k]) for k in policy if k in start)  # the policy moved
     out = final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4)
     assert out["exact_kl"] == 0.0
+    assert out["objective"]["kl"] == 0.0  # judged against the reset reference too
     # sampled: the sampler's KV-cache log-probs vs a full forward of the same weights, float32 rounding only
     assert abs(out["sampled_k1"]) < 1e-5
     assert abs(out["sampled_k3"]) < 1e-5

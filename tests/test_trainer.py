@@ -79,6 +79,12 @@ def test_end_to_end_run_logs_every_metric_and_changes_the_policy(tmp_path):
             assert math.isfinite(r[k]), (k, r[k])
         assert 0 <= r["reward/accuracy"] <= 1
         assert r["ratio/mean"] == 1.0  # on-policy
+    evals = [r for r in records if "eval/greedy_accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 2, 3]
+    for r in evals:  # the exact objective at every evaluation (short answers: on by default)
+        assert r["eval/J_star"] >= r["eval/J"]
+        assert r["eval/kl_to_optimum"] > 0  # neither the reference nor 3 steps reach the optimum
+        assert 0 <= r["eval/objective_pruned_mass"] < 0.2
     for name in ("curves.png", "summary.json", "config.yaml", "run.json", "checkpoints/latest"):
         assert (run / name).exists(), name
     assert summary["steps"] == 3

@@ -266,6 +266,11 @@ class TrainConfig:
     """torch CPU threads; None = torch default."""
     max_skipped_steps: int = 3
     """Stop (with a checkpoint) after this many consecutive steps whose update had a non-finite loss/gradient."""
+    eval_objective_prompts: int | None = None
+    """Held-out prompts (the first ones) on which every evaluation computes the exact objective J_β = E[R] −
+    β·KL(π‖π_ref) at β = ``kl.beta``, its optimum J* and KL(π‖π*) by enumerating all responses (``eval/J``,
+    ``eval/J_star``, ``eval/kl_to_optimum``, ``eval/exact_kl``); 0 = off; null = 20 for short answers
+    (``rollout.max_new_tokens`` ≤ 10) with ``kl.beta`` > 0 and ``rollout.top_p`` = 1, else off."""
 
     def validate(self, at: str) -> None:
         _check(self.steps >= 1, at, "steps", "must be >= 1")
@@ -273,6 +278,12 @@ class TrainConfig:
         _check(self.save_every >= 1, at, "save_every", "must be >= 1")
         _check(self.max_skipped_steps >= 1, at, "max_skipped_steps", "must be >= 1")
         _check(self.threads is None or self.threads >= 1, at, "threads", "must be >= 1 or null")
+        _check(
+            self.eval_objective_prompts is None or self.eval_objective_prompts >= 0,
+            at,
+            "eval_objective_prompts",
+            "must be >= 0 or null",
+        )
 
 
 @dataclass
@@ -317,6 +328,13 @@ class Config:
             "or algo.mini_batches > 1), got "
             f"{self.rollout.top_p}: klgrad's log-probs are of the full distribution, and its KL heads and "
             "importance ratios are exact only for the distribution sampled",
+        )
+        _check(
+            not self.train.eval_objective_prompts or (self.kl.beta > 0 and self.rollout.top_p == 1.0),
+            "train.",
+            "eval_objective_prompts",
+            f"needs kl.beta > 0 (J_β is defined for β > 0; got {self.kl.beta}) and rollout.top_p = 1 (the "
+            f"objective is of the full distribution; got {self.rollout.top_p}): set it to 0 or null",
         )
         _check(
             b % self.algo.mini_batches == 0,

@@ -7,8 +7,12 @@ seed) is a ``klgrad train`` run in ``OUT/runs/``; finished runs are skipped and 
 
 Per run the final numbers are: held-out greedy accuracy (last evaluation), the exact KL(π‖π_ref) on held-out
 prompts by prefix-tree enumeration (short-answer tasks), the sampled k1/k2/k3 estimates on the same prompts,
-and the mean over the last 10 steps of the training-batch log-prob gap, reward std within groups and KL.
-The paper's predictions are decided by named tests (:mod:`klgrad.experiments.stats`), never by eye.
+and the mean over the last 10 steps of the training-batch log-prob gap, reward std within groups and KL. For
+short-answer tasks ``objective`` also gives, on the same prompts, the exact regularised objective J_β = E_π[R] −
+β·KL(π‖π_ref) of the final policy, its optimum J* and the policy's distance to it, KL(π‖π*) = (J* − J_β)/β, so
+methods are compared on the objective they all claim to optimise; each held-out evaluation during training
+logs the same (``eval/J``, ``eval/J_star``, ``eval/kl_to_optimum``). The paper's predictions are decided by
+named tests (:mod:`klgrad.experiments.stats`), never by eye.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from tqdm.auto import tqdm
 
 from klgrad.config import Config, load_config
 from klgrad.experiments.exact_kl import sampled_kl_estimates, tree_kl
+from klgrad.experiments.exact_objective import PRUNE, exact_objective
 from klgrad.experiments.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
 from klgrad.runlock import run_lock
-from klgrad.trainer import load_data, read_jsonl, reference_path, train
+from klgrad.trainer import load_data, read_jsonl, reference_path, reward_specs, train
 
 METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
 COLORS = {
@@ -45,7 +50,20 @@ FINAL_KEYS = (
     "reward_std_in_group",
     "batch_kl_k1",
     "reward_mean",
+    "J",
+    "J_star",
+    "kl_to_optimum",
 )
+OBJECTIVE_KEYS = ("J", "J_star", "kl_to_optimum")
+"""Final metrics read from a run's ``objective`` dict."""
+
+
+def final_value(run: dict, key: str):
+    """A run's final metric ``key``: top level, or inside ``objective`` for :data:`OBJECTIVE_KEYS` (None if
+    absent)."""
+    if key in OBJECTIVE_KEYS:
+        return (run.get("objective") or {}).get(key)
+    return run.get(key)
 
 
 def method_overrides(method: str, level: str, beta: float) -> dict:
@@ -73,6 +91,11 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     model. Both numbers are of KL(π‖π_ref) between the full distributions at the sampling temperature, so the
     sampled estimates draw from the full policy (no top-p); ``rollout.top_p < 1`` is refused with a KL head
     anyway (:class:`klgrad.config.Config`), and the tree KL has no notion of truncation.
+
+    For short answers (``rollout.max_new_tokens`` ≤ 10) with β = ``kl.beta`` > 0 (every method of a comparison
+    has the grid's β, ``none`` included), ``objective`` holds the exact J_β, J* and KL(π‖π*) of the final policy
+    against the same reference on the same prompts (:func:`klgrad.experiments.exact_objective.exact_objective`;
+    one enumeration gives it and the exact KL).
     """
     from safetensors.torch import load_model
 
@@ -95,7 +118,21 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     prompts = [e.prompt for e in heldout[:n_prompts]]
     ids, mask = encode_prompts(tok, prompts)
     out: dict = {}
-    if cfg.rollout.max_new_tokens <= 10:  # short answers: the response tree is small
+    if cfg.rollout.max_new_tokens <= 10 and cfg.kl.beta > 0:  # short answers: the response tree is small
+        obj = exact_objective(
+            policy,
+            ref,
+            tok,
+            heldout[:n_prompts],
+            reward_specs(cfg),
+            beta=cfg.kl.beta,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+        )
+        out.update(exact_kl=obj["kl"], exact_kl_pruned_mass=obj["pruned_mass_max"], exact_kl_nodes=obj["nodes"])
+        out["objective"] = obj
+    elif cfg.rollout.max_new_tokens <= 10:  # β = 0: no objective to judge, the KL alone
         rows = [ids[i][mask[i]].tolist() for i in range(len(prompts))]
         tk = tree_kl(
             policy,
@@ -105,7 +142,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
             pad_id=tok.pad_token_id,
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,
-            prune=1e-4,
+            prune=PRUNE,
         )
         out.update(exact_kl=tk["kl"], exact_kl_pruned_mass=tk["pruned_mass"], exact_kl_nodes=tk["nodes"])
     gen = torch.Generator().manual_seed(12345)
@@ -208,21 +245,40 @@ def paired_values(results: list[dict], a: str, b: str, beta: float, key: str) ->
     """Values of ``key`` for methods ``a`` and ``b`` at ``beta``, paired by seed (seeds where both have one)."""
 
     def by_seed(m: str) -> dict[int, float]:
-        return {r["seed"]: r[key] for r in results if r["method"] == m and r["beta"] == beta and r.get(key) is not None}
+        return {
+            r["seed"]: final_value(r, key)
+            for r in results
+            if r["method"] == m and r["beta"] == beta and final_value(r, key) is not None
+        }
 
     va, vb = by_seed(a), by_seed(b)
     seeds = sorted(va.keys() & vb.keys())
     return [va[s] for s in seeds], [vb[s] for s in seeds]
 
 
-PREDICTIONS: tuple[tuple[str, str, str, str], ...] = (
-    # (claim, kind, a, b): "less" claims mean(a) < mean(b) on the metric; "equivalent" claims a ≈ b
-    ("k1_as_loss ≈ none (no regularisation) on final KL", "equivalent", "k1_as_loss", "none"),
-    ("k2_as_loss keeps KL below k3_as_loss", "less", "k2_as_loss", "k3_as_loss"),
-    ("k2_as_loss keeps the log-prob gap below k3_as_loss", "less", "k2_as_loss", "k3_as_loss"),
-    ("k2_as_loss has lower reward std within groups than k3_as_loss", "less", "k2_as_loss", "k3_as_loss"),
+PREDICTIONS: tuple[tuple[str, str, str, str, str], ...] = (
+    # (claim, kind, a, b, metric): "less" claims mean(a) < mean(b); "equivalent" claims a ≈ b. Metric "kl" is
+    # the summary's KL (exact when the tree can be enumerated, else sampled k1).
+    ("k1_as_loss ≈ none (no regularisation) on final KL", "equivalent", "k1_as_loss", "none", "kl"),
+    ("k2_as_loss keeps KL below k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "kl"),
+    ("k2_as_loss keeps the log-prob gap below k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "logp_gap"),
+    (
+        "k2_as_loss has lower reward std within groups than k3_as_loss",
+        "less",
+        "k2_as_loss",
+        "k3_as_loss",
+        "reward_std_in_group",
+    ),
+    # beyond the paper: heads with the exact reverse-KL gradient end closer to the optimum π* ∝ π_ref·e^{R/β} of
+    # J_β than the biased k3 surrogate and than no KL (exact KL(π‖π*) on held-out prompts)
+    ("k1_in_reward ends closer to π* than k3_as_loss", "less", "k1_in_reward", "k3_as_loss", "kl_to_optimum"),
+    ("k1_in_reward ends closer to π* than none", "less", "k1_in_reward", "none", "kl_to_optimum"),
+    ("k2_as_loss ends closer to π* than k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "kl_to_optimum"),
+    ("k2_as_loss ends closer to π* than none", "less", "k2_as_loss", "none", "kl_to_optimum"),
 )
-"""The paper's predictions that ``klgrad compare`` decides (the metric of each is set in :func:`prediction_tests`)."""
+"""The predictions ``klgrad compare`` decides: the paper's four, then ours on the distance to the optimum (for
+k2_as_loss the exact reverse-KL gradient holds at sequence and token_to_go level only; at token level, GRPO's,
+it is a per-step surrogate, so that claim is tested there too but is not the theory's)."""
 
 
 def prediction_tests(results: list[dict], methods, beta: float, kl_key: str) -> list[dict]:
@@ -232,13 +288,12 @@ def prediction_tests(results: list[dict], methods, beta: float, kl_key: str) -> 
     from no-KL training in the same grid, δ = ½·|mean(KL_none − KL_k2)|: "k1_as_loss regularises less than
     half as much as k2_as_loss does".
     """
-    metric = {0: kl_key, 1: kl_key, 2: "logp_gap", 3: "reward_std_in_group"}
     tests = []
-    for i, (claim, kind, a, b) in enumerate(PREDICTIONS):
+    for claim, kind, a, b, metric in PREDICTIONS:
         needed = {a, b} | ({"k2_as_loss"} if kind == "equivalent" else set())
         if not needed <= set(methods):
             continue
-        key = metric[i]
+        key = kl_key if metric == "kl" else metric
         xa, xb = paired_values(results, a, b, beta, key)
         if len(xa) < 2:
             continue
@@ -270,9 +325,9 @@ def summarize(results: list[dict], methods, betas, level: str, steps: int, seeds
         for m in methods:
             rows = [r for r in results if r["method"] == m and r["beta"] == b]
             table[f"{m}@{b:g}"] = {
-                k: dict(zip(("mean", "ci95"), mean_ci([r[k] for r in rows]), strict=True))
+                k: dict(zip(("mean", "ci95"), mean_ci([final_value(r, k) for r in rows]), strict=True))
                 for k in FINAL_KEYS
-                if rows and all(r.get(k) is not None for r in rows)
+                if rows and all(final_value(r, k) is not None for r in rows)
             }
     b = betas[0]
     kl_key = "exact_kl" if any(r.get("exact_kl") is not None for r in results) else "sampled_k1"
@@ -298,6 +353,11 @@ def plain_answer(summary: dict) -> list[str]:
         method, beta = name.rsplit("@", 1)
         if float(beta) == b and key in row:
             kls.append((row[key]["mean"], method))
+    opt = []
+    for name, row in summary["table"].items():
+        method, beta = name.rsplit("@", 1)
+        if float(beta) == b and "kl_to_optimum" in row:
+            opt.append((row["kl_to_optimum"]["mean"], method))
     out = []
     if kls:
         ranked = ", ".join(f"{m} {v:.3f}" for v, m in sorted(kls))
@@ -305,6 +365,13 @@ def plain_answer(summary: dict) -> list[str]:
             f"**Distance to the reference** (final {label} on held-out prompts, mean over seeds, β = {b:g}, "
             f"closest first): {ranked}."
         )
+    if opt:
+        ranked = ", ".join(f"{m} {v:.3f}" for v, m in sorted(opt))
+        out.append(
+            f"**Distance to the optimum** π* ∝ π_ref·exp(R/β) of J_β = E[R] − β·KL (exact KL(π‖π*), closest "
+            f"first): {ranked}."
+        )
+    out.append("")
     for p in summary["predictions"]:
         lo, hi = p["ci95"]
         d = (
@@ -335,8 +402,9 @@ def summary_markdown(summary: dict) -> str:
         "",
         "Mean ± 95% CI over seeds (t interval).",
         "",
-        "| method @ β | greedy acc. | exact KL | sampled k1 | sampled k3 | log-prob gap | reward std in group |",
-        "|---|---|---|---|---|---|---|",
+        "| method @ β | greedy acc. | exact KL | sampled k1 | sampled k3 | log-prob gap | reward std in group | "
+        "J_β | KL to optimum |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(row: dict, k: str) -> str:
@@ -349,11 +417,14 @@ def summary_markdown(summary: dict) -> str:
         lines.append(
             f"| {name} | {cell(row, 'greedy_accuracy')} | {cell(row, 'exact_kl')} | "
             f"{cell(row, 'sampled_k1')} | {cell(row, 'sampled_k3')} | {cell(row, 'logp_gap')} | "
-            f"{cell(row, 'reward_std_in_group')} |"
+            f"{cell(row, 'reward_std_in_group')} | {cell(row, 'J')} | {cell(row, 'kl_to_optimum')} |"
         )
     lines += [
         "",
-        "## The paper's predictions",
+        "J_β = E_π[R] − β·KL(π‖π_ref) and KL to optimum = KL(π‖π*) = (J* − J_β)/β, exact on the held-out prompts "
+        "(short answers; J* is the best J_β any policy reaches).",
+        "",
+        "## The predictions",
         "",
         "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test, "
         "p Holm-adjusted across the predictions; exact sign-flip p and the unpaired Welch p for comparison.",

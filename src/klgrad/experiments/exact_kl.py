@@ -1,17 +1,25 @@
-r"""Exact KL(π‖π_ref) between two causal LMs on given prompts, by enumerating the response prefix tree.
+r"""Exact sequence-level quantities of two causal LMs on given prompts, by enumerating the response prefix tree.
 
-KL over whole responses decomposes into per-step KLs (chain rule):
+:func:`enumerate_responses` walks the tree of responses breadth-first from each prompt and returns every
+complete response (a leaf: EOS emitted, or ``max_new_tokens`` reached) with its log-probability under the
+policy π and under the reference π_ref, both at the sampling temperature. A child whose probability is below
+``prune`` under *both* models is not followed: its whole subtree becomes one pruned outcome, kept with its
+masses π(a), π_ref(a). Leaves and pruned outcomes together partition the response space, so their π masses
+add up to 1 (and their π_ref masses too); with ``prune=0`` nothing is pruned and every sum is exact.
 
-    KL(π‖π_ref) = Σ_t Σ_{prefix y<t alive} π(y<t) · KL(π(·|y<t) ‖ π_ref(·|y<t)),
+KL(π‖π_ref) over whole responses (:func:`tree_kl`) is the sum over that partition,
 
-where each per-step KL is computed exactly over the full vocabulary at the sampling temperature. A prefix is
-alive until it emits EOS or reaches ``max_new_tokens``. The tree is expanded breadth-first; a child whose
-probability π(y≤t) falls below ``prune`` is not expanded, so the result is exact up to the subtrees of the
-pruned mass (reported as ``pruned_mass``; with ``prune=0`` it is exact). Since every per-step KL is ≥ 0, the
-pruned value is a lower bound. For short answers the tree is small (a 2-digit sum: a few hundred nodes).
+    KL = Σ_leaves π(y) log π(y)/π_ref(y) + Σ_pruned π(a) log π(a)/π_ref(a),
+
+which is the KL between the two distributions coarsened to the partition: by the log-sum inequality it is
+≤ the full KL, and the missing part, Σ_a π(a)·KL(π(·|a) ‖ π_ref(·|a)) ≥ 0, is the KL inside the pruned
+subtrees. It equals the chain-rule sum Σ_{expanded prefixes} π(prefix)·KL_step(prefix), each per-step KL over
+the full vocabulary. For short answers the tree is small (a 2-digit sum: a few thousand nodes).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -19,7 +27,9 @@ from torch import Tensor
 
 @torch.no_grad()
 def _next_logprobs(model, rows: list[list[int]], pad_id: int, temperature: float) -> Tensor:
-    """Log-probs of the next token after each (unpadded) row of ids: (R, V), rows left-padded together."""
+    """Log-probs of the next token after each (unpadded) row of ids: (R, V) float64 on the CPU, rows
+    left-padded together and run on the model's device."""
+    device = next(model.parameters()).device
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.bool)
@@ -27,8 +37,123 @@ def _next_logprobs(model, rows: list[list[int]], pad_id: int, temperature: float
         ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
         mask[i, width - len(r) :] = True
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    ids, mask, pos = ids.to(device), mask.to(device), pos.to(device)
     logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, logits_to_keep=1).logits[:, -1]
-    return torch.log_softmax(logits.double() / temperature, dim=-1)
+    return torch.log_softmax(logits.double() / temperature, dim=-1).cpu()
+
+
+@dataclass(frozen=True)
+class ResponseTree:
+    """The enumerated responses of P prompts: L leaves and A pruned outcomes (whole subtrees or leaves)."""
+
+    leaf_prompt: Tensor
+    """(L,) long: index of the prompt each leaf answers."""
+    responses: list[list[int]]
+    """L response token lists (EOS last when emitted)."""
+    logp: Tensor
+    """(L,) float64: log π(y | x) at the temperature."""
+    ref_logp: Tensor
+    """(L,) float64: log π_ref(y | x)."""
+    pruned_prompt: Tensor
+    """(A,) long: prompt of each pruned outcome."""
+    pruned_logp: Tensor
+    """(A,) float64: log π(a | x) of each pruned outcome (the mass of its whole subtree)."""
+    pruned_ref_logp: Tensor
+    """(A,) float64: log π_ref(a | x)."""
+    nodes: int
+    """Prefixes expanded (forward passes per model)."""
+    n_prompts: int
+
+    def pruned_mass(self, ref: bool = False) -> Tensor:
+        """(P,) π mass (π_ref mass with ``ref``) of the pruned outcomes, per prompt."""
+        lp = self.pruned_ref_logp if ref else self.pruned_logp
+        out = torch.zeros(self.n_prompts, dtype=torch.float64)
+        return out.index_add_(0, self.pruned_prompt, lp.exp())
+
+
+@torch.no_grad()
+def enumerate_responses(
+    policy,
+    ref,
+    prompts: list[list[int]],
+    *,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    prune: float = 1e-4,
+    batch_size: int = 512,
+) -> ResponseTree:
+    """Every response of each prompt (token ids incl. BOS) with its log-probs under π and π_ref.
+
+    A child y≤t is kept when max(π(y≤t), π_ref(y≤t)) ≥ ``prune`` (``prune=0``: when either is > 0); kept EOS
+    children and kept children at ``max_new_tokens`` are leaves, other kept children are expanded, the rest
+    are pruned outcomes. Expanding where either model has mass keeps both π's and π_ref's pruned mass below
+    ``prune`` per pruned child, so sums under either distribution (E_π, E_π_ref) are covered alike.
+    """
+    leaf_prompt: list[int] = []
+    responses: list[list[int]] = []
+    leaf_lp: list[Tensor] = []
+    leaf_lr: list[Tensor] = []
+    cut_prompt: list[Tensor] = []
+    cut_lp: list[Tensor] = []
+    cut_lr: list[Tensor] = []
+    # frontier: (prompt index, prefix, log π(prefix), log π_ref(prefix))
+    frontier: list[tuple[int, list[int], float, float]] = [(i, [], 0.0, 0.0) for i in range(len(prompts))]
+    nodes = 0
+    for t in range(max_new_tokens):
+        nxt: list[tuple[int, list[int], float, float]] = []
+        for start in range(0, len(frontier), batch_size):
+            chunk = frontier[start : start + batch_size]
+            rows = [prompts[i] + prefix for i, prefix, _, _ in chunk]
+            nodes += len(chunk)
+            base_p = torch.tensor([c[2] for c in chunk], dtype=torch.float64)[:, None]  # (R, 1)
+            base_r = torch.tensor([c[3] for c in chunk], dtype=torch.float64)[:, None]  # (R, 1)
+            child_p = base_p + _next_logprobs(policy, rows, pad_id, temperature)  # (R, V) log π(y≤t)
+            child_r = base_r + _next_logprobs(ref, rows, pad_id, temperature)  # (R, V) log π_ref(y≤t)
+            top = torch.maximum(child_p, child_r).exp()  # (R, V)
+            keep = top >= prune if prune > 0 else top > 0  # (R, V)
+            ends = torch.zeros_like(keep)
+            if t + 1 == max_new_tokens:
+                ends[:] = True
+            else:
+                ends[:, eos_id] = True
+            row_prompt = torch.tensor([c[0] for c in chunk], dtype=torch.long)  # (R,)
+            cut = ~keep & (top > 0)  # zero-mass children under both models are nothing
+            k_cut, _ = cut.nonzero(as_tuple=True)
+            cut_prompt.append(row_prompt[k_cut])
+            cut_lp.append(child_p[cut])
+            cut_lr.append(child_r[cut])
+            for k, v in (keep & ends).nonzero().tolist():
+                i, prefix = chunk[k][0], chunk[k][1]
+                leaf_prompt.append(i)
+                responses.append([*prefix, v])
+            leaf_lp.append(child_p[keep & ends])
+            leaf_lr.append(child_r[keep & ends])
+            for k, v in (keep & ~ends).nonzero().tolist():
+                i, prefix = chunk[k][0], chunk[k][1]
+                nxt.append((i, [*prefix, v], float(child_p[k, v]), float(child_r[k, v])))
+        frontier = nxt
+        if not frontier:
+            break
+    empty = torch.zeros(0, dtype=torch.float64)
+    return ResponseTree(
+        leaf_prompt=torch.tensor(leaf_prompt, dtype=torch.long),
+        responses=responses,
+        logp=torch.cat(leaf_lp) if leaf_lp else empty,
+        ref_logp=torch.cat(leaf_lr) if leaf_lr else empty,
+        pruned_prompt=torch.cat(cut_prompt) if cut_prompt else torch.zeros(0, dtype=torch.long),
+        pruned_logp=torch.cat(cut_lp) if cut_lp else empty,
+        pruned_ref_logp=torch.cat(cut_lr) if cut_lr else empty,
+        nodes=nodes,
+        n_prompts=len(prompts),
+    )
+
+
+def kl_terms(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """π(y)·(log π(y) − log π_ref(y)) per outcome, 0 where π(y) = 0: (N,) float64 from (N,) log-probs."""
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - ref_logp), torch.zeros_like(p))
 
 
 @torch.no_grad()
@@ -46,39 +171,35 @@ def tree_kl(
 ) -> dict:
     """Exact (up to ``prune``) sequence KL(π‖π_ref) for each prompt (token ids incl. BOS).
 
+    The KL of the partition of :func:`enumerate_responses` (leaves and pruned subtrees): a lower bound on the
+    full KL, exact with ``prune=0`` (see the module docstring).
+
     Returns:
-        ``{"kl": mean over prompts, "per_prompt": [...], "pruned_mass": max over prompts, "nodes": n}``.
+        ``{"kl": mean over prompts, "per_prompt": [...], "pruned_mass": max over prompts of π's pruned mass,
+        "pruned_mass_ref": the same of π_ref's, "nodes": n}``.
     """
-    kl = [0.0] * len(prompts)
-    pruned = [0.0] * len(prompts)
-    frontier: list[tuple[int, list[int], float]] = [(i, [], 1.0) for i in range(len(prompts))]
-    nodes = 0
-    for t in range(max_new_tokens):
-        nxt: list[tuple[int, list[int], float]] = []
-        for start in range(0, len(frontier), batch_size):
-            chunk = frontier[start : start + batch_size]
-            rows = [prompts[i] + prefix for i, prefix, _ in chunk]
-            lp = _next_logprobs(policy, rows, pad_id, temperature)  # (R, V)
-            lr = _next_logprobs(ref, rows, pad_id, temperature)  # (R, V)
-            step_kl = (lp.exp() * (lp - lr)).sum(-1)  # (R,)
-            nodes += len(chunk)
-            for k, (i, prefix, p) in enumerate(chunk):
-                kl[i] += p * float(step_kl[k])
-                if t + 1 == max_new_tokens:
-                    continue
-                child_p = p * lp[k].exp()  # (V,)
-                child_p[eos_id] = 0.0  # an EOS child is a finished response
-                keep = (
-                    (child_p >= prune).nonzero().flatten().tolist()
-                    if prune > 0
-                    else ((child_p > 0).nonzero().flatten().tolist())
-                )
-                pruned[i] += float(child_p.sum()) - float(child_p[keep].sum())
-                nxt.extend((i, [*prefix, v], float(child_p[v])) for v in keep)
-        frontier = nxt
-        if not frontier:
-            break
-    return {"kl": sum(kl) / len(kl), "per_prompt": kl, "pruned_mass": max(pruned), "nodes": nodes}
+    tree = enumerate_responses(
+        policy,
+        ref,
+        prompts,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        prune=prune,
+        batch_size=batch_size,
+    )
+    kl = torch.zeros(len(prompts), dtype=torch.float64)
+    kl.index_add_(0, tree.leaf_prompt, kl_terms(tree.logp, tree.ref_logp))
+    kl.index_add_(0, tree.pruned_prompt, kl_terms(tree.pruned_logp, tree.pruned_ref_logp))
+    per_prompt = kl.tolist()
+    return {
+        "kl": sum(per_prompt) / len(per_prompt),
+        "per_prompt": per_prompt,
+        "pruned_mass": float(tree.pruned_mass().max()),
+        "pruned_mass_ref": float(tree.pruned_mass(ref=True).max()),
+        "nodes": tree.nodes,
+    }
 
 
 @torch.no_grad()
