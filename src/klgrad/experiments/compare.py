@@ -1,4 +1,4 @@
-"""``klgrad compare``: the paper's KL comparison (SPEC §10) as a grid of real training runs, with statistics.
+"""``klgrad compare``: the paper's KL comparison as a grid of real training runs, with paired statistics.
 
 Methods (everything else equal, β shared): ``none``, ``k1_as_loss``, ``k2_as_loss``, ``k3_as_loss`` (the
 paper's four, decoupled form at the chosen level) and ``k1_in_reward`` (combined form; at level ``token`` it
@@ -11,8 +11,12 @@ and the mean over the last 10 steps of the training-batch log-prob gap, reward s
 short-answer tasks ``objective`` also gives, on the same prompts, the exact regularised objective J_β = E_π[R] −
 β·KL(π‖π_ref) of the final policy, its optimum J* and the policy's distance to it, KL(π‖π*) = (J* − J_β)/β, so
 methods are compared on the objective they all claim to optimise; each held-out evaluation during training
-logs the same (``eval/J``, ``eval/J_star``, ``eval/kl_to_optimum``). The paper's predictions are decided by
-named tests (:mod:`klgrad.experiments.stats`), never by eye.
+logs the same (``eval/J``, ``eval/J_star``, ``eval/kl_to_optimum``).
+
+Design: runs of one seed draw the same prompts and the same sampling uniforms whatever their method
+(:func:`klgrad.trainer.prompt_indices`, :func:`klgrad.trainer.rollout_uniforms`), so the seed is a block and every
+prediction is decided on per-seed differences by a paired test, Holm-adjusted across the predictions of one
+summary (:mod:`klgrad.experiments.stats`), never by eye.
 """
 
 from __future__ import annotations
