@@ -139,7 +139,7 @@ def test_discovery_targets_mostly_teach_a_wrong_sum():
     train, held = make_splits("addition_discovery", 4000, 200, seed=1234)
     assert all(e.answer == str(sum(map(int, operands(e.prompt)))) for e in train + held)
     assert [e.prompt for e in train] == [e.prompt for e in make_splits("addition", 4000, 200, seed=1234)[0]]
-    # 4000 draws: the share's sd is sqrt(q(1-q)/4000) = 0.0047; 5 sd = 0.024
+    # 4000 draws: the share's sd is sqrt(q(1-q)/4000) = 0.0034 at q = 0.05; the bound is 5 sd
     bound = 5 * (q * (1 - q) / len(train)) ** 0.5
     rng = random.Random(0)
     for targets in (

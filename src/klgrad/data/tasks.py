@@ -41,7 +41,7 @@ _ENUMERATE_LIMIT = 100_000
 
 _PROMPT_RE = re.compile(r"(\d+)\+(\d+)=")
 
-DISCOVERY_CORRECT_FRACTION = 0.1
+DISCOVERY_CORRECT_FRACTION = 0.05
 """``addition_discovery``: probability that a supervised target states the true sum (else ``a+b+1``)."""
 
 
@@ -139,7 +139,8 @@ def sft_target(task: str, example: Example, rng: random.Random | None = None) ->
 
     ``addition_discovery``'s target is random: ``klgrad sft`` passes its seeded ``rng``, so each draw of an
     example is decided afresh and every prompt is taught the same mixture. Without ``rng`` a stable hash of
-    the prompt decides, so the function stays pure (a fixed ~10% of prompts get the true sum).
+    the prompt decides, so the function stays pure (a fixed share DISCOVERY_CORRECT_FRACTION of prompts get
+    the true sum).
     """
     spec = get_task(task)
     if rng is not None:
