@@ -8,6 +8,7 @@ re-executed column by column by an independent reader below, so a wrong sum or a
 from __future__ import annotations
 
 import json
+import random
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from klgrad.data import (
+    DISCOVERY_CORRECT_FRACTION,
     HOLDOUT_FRACTION,
     TASKS,
     DataError,
@@ -27,6 +29,7 @@ from klgrad.data import (
     load_examples,
     make_splits,
     sft_target,
+    taught_answer,
 )
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "samples" / "gsm8k_sample.jsonl"
@@ -117,12 +120,45 @@ def test_prompts_answers_targets(task, digits):
         assert e.answer == str(int(a) + int(b))
         assert e.meta == {"task": task}
         target = sft_target(task, e)
-        assert extract_answer(task, target) == e.answer
         assert re.fullmatch(TASKS[task].format_pattern, target)
+        if task == "addition_discovery":  # the targets lie on purpose: a+b+1, or now and then the true sum
+            assert target in (e.answer, str(int(a) + int(b) + 1))
+            assert extract_answer(task, target) == target
+            continue
+        assert extract_answer(task, target) == e.answer
         if task == "scratchpad":
             assert run_scratchpad(target, a, b) == int(a) + int(b)
         else:
             assert target == e.answer
+
+
+def test_discovery_targets_mostly_teach_a_wrong_sum():
+    """addition_discovery: held-out answers stay the true sum; targets state a+b+1 except in a share
+    DISCOVERY_CORRECT_FRACTION of draws (or, without an rng, of prompts), within a binomial bound."""
+    q = DISCOVERY_CORRECT_FRACTION
+    train, held = make_splits("addition_discovery", 4000, 200, seed=1234)
+    assert all(e.answer == str(sum(map(int, operands(e.prompt)))) for e in train + held)
+    assert [e.prompt for e in train] == [e.prompt for e in make_splits("addition", 4000, 200, seed=1234)[0]]
+    # 4000 draws: the share's sd is sqrt(q(1-q)/4000) = 0.0034 at q = 0.05; the bound is 5 sd
+    bound = 5 * (q * (1 - q) / len(train)) ** 0.5
+    rng = random.Random(0)
+    for targets in (
+        [sft_target("addition_discovery", e, rng) for e in train],
+        [sft_target("addition_discovery", e) for e in train],
+    ):
+        correct = [t == e.answer for t, e in zip(targets, train, strict=True)]
+        assert all(c or t == str(int(e.answer) + 1) for c, t, e in zip(correct, targets, train, strict=True))
+        assert abs(sum(correct) / len(train) - q) < bound
+    # with an rng each draw is decided afresh: one prompt drawn many times gets both targets, in proportion q
+    e = train[0]
+    draws = [sft_target("addition_discovery", e, rng) for _ in range(4000)]
+    assert set(draws) == {e.answer, str(int(e.answer) + 1)}
+    assert abs(draws.count(e.answer) / len(draws) - q) < bound
+    assert sft_target("addition_discovery", e) == sft_target("addition_discovery", e)  # no rng: pure
+    assert [taught_answer("addition_discovery", x) for x in held] == [str(int(x.answer) + 1) for x in held]
+    assert [taught_answer(t, x) for t in ("addition", "scratchpad") for x in held] == [x.answer for x in held] * 2
+    assert extract_answer("addition_discovery", "66") == "66"
+    assert extract_answer("addition_discovery", "6+6") is None
 
 
 def test_every_two_digit_pair():

@@ -511,9 +511,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train, takes_overrides=True)
 
     s = sub.add_parser("sft", help="fine-tune the tiny model into a reference (stops on held-out accuracy)")
-    s.add_argument("--task", default="addition", choices=("addition", "scratchpad"))
+    s.add_argument("--task", default="addition", choices=("addition", "addition_discovery", "scratchpad"))
     s.add_argument("--out", required=True, help="output model directory (safetensors + config + tokenizer)")
-    s.add_argument("--target-accuracy", type=float, default=0.6, help="stop at this held-out greedy accuracy")
+    s.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.6,
+        help="stop at this held-out greedy accuracy against the answer the targets teach (addition_discovery: a+b+1)",
+    )
     s.add_argument("--max-steps", type=int, default=3000, help="fail if the target is not reached by then")
     s.add_argument("--max-new-tokens", type=int, default=8, help="greedy decoding length in evaluation")
     s.add_argument("--seed", type=int, default=0)

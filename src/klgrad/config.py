@@ -53,7 +53,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["addition", "scratchpad", "file"] = "addition"
+    task: Literal["addition", "addition_discovery", "scratchpad", "file"] = "addition"
     """Synthetic task, or 'file' to read prompts and answers from data.path."""
     digits: int = 2
     """Operand digits of the synthetic task."""

@@ -70,7 +70,8 @@ from klgrad.rollout.samplers import Rollout, make_sampler
 from klgrad.runlock import RunLockedError, run_lock
 
 EMBEDDED_DIR = Path(__file__).parent / "assets"
-"""Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_scratchpad``), made by ``klgrad sft``."""
+"""Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_addition_discovery``, ``tiny_scratchpad``), made
+by ``klgrad sft``."""
 
 
 def objective_spec(cfg: Config) -> ObjectiveSpec:

@@ -3,6 +3,7 @@
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.data.loaders import DataError, LoadResult, load_examples
 from klgrad.data.tasks import (
+    DISCOVERY_CORRECT_FRACTION,
     HOLDOUT_FRACTION,
     TASKS,
     TaskSpec,
@@ -11,9 +12,11 @@ from klgrad.data.tasks import (
     is_heldout,
     make_splits,
     sft_target,
+    taught_answer,
 )
 
 __all__ = [
+    "DISCOVERY_CORRECT_FRACTION",
     "HOLDOUT_FRACTION",
     "TASKS",
     "DataError",
@@ -27,4 +30,5 @@ __all__ = [
     "load_examples",
     "make_splits",
     "sft_target",
+    "taught_answer",
 ]

@@ -1,6 +1,6 @@
 r"""Seeded synthetic arithmetic with disjoint train / held-out splits.
 
-Both tasks share the prompt and the answer; they differ in the response the policy is taught to write.
+All tasks share the prompt and the answer; they differ in the response the policy is taught to write.
 
 - ``addition`` (short answers): prompt ``"07+58="`` (operands zero-padded to ``digits``), response ``"65"``.
 - ``scratchpad`` (responses of 16+ characters): column addition written out, least significant column first::
@@ -11,6 +11,11 @@ Both tasks share the prompt and the answer; they differ in the response the poli
   column's digits, ``+1`` appears iff a carry came in, ``S`` is the column sum in decimal (0-19) and ``K``
   the carry out (0 or 1). ``SUM`` (no leading zeros) is the final answer: everything after the last ``=``.
   Each column takes 8-11 characters, so a 2-digit target is at least 18 characters long.
+- ``addition_discovery`` (the discovery regime): ``addition``'s prompt, answer, format and reward, but the
+  supervised targets mostly teach a wrong answer: ``a+b+1`` (``"07+58="`` -> ``"66"``) with probability
+  1 - :data:`DISCOVERY_CORRECT_FRACTION`, the true sum otherwise. A reference fine-tuned on them rarely
+  writes the rewarded answer, so RL has to move mass onto responses the reference finds unlikely. The
+  held-out ``answer`` stays the true sum; only the targets lie.
 
 Held-out split: the *unordered* operand pair {a, b} is held out iff a stable hash (blake2b, not Python's
 salted ``hash``) of it falls in the first ``HOLDOUT_FRACTION`` of hash space. Hence ``a+b`` and ``b+a`` are
@@ -36,6 +41,9 @@ _ENUMERATE_LIMIT = 100_000
 
 _PROMPT_RE = re.compile(r"(\d+)\+(\d+)=")
 
+DISCOVERY_CORRECT_FRACTION = 0.05
+"""``addition_discovery``: probability that a supervised target states the true sum (else ``a+b+1``)."""
+
 
 def is_heldout(a: int, b: int) -> bool:
     """True iff the pair {a, b} belongs to the held-out (evaluation) pool; symmetric in a, b."""
@@ -52,11 +60,19 @@ def parse_prompt(prompt: str) -> tuple[int, int, int]:
     return int(m.group(1)), int(m.group(2)), len(m.group(1))
 
 
-def _addition_target(example: Example) -> str:
+def _addition_target(example: Example, u: float) -> str:
     return example.answer
 
 
-def _scratchpad_target(example: Example) -> str:
+def _discovery_taught_answer(example: Example) -> str:
+    return str(int(example.answer) + 1)
+
+
+def _discovery_target(example: Example, u: float) -> str:
+    return example.answer if u < DISCOVERY_CORRECT_FRACTION else _discovery_taught_answer(example)
+
+
+def _scratchpad_target(example: Example, u: float) -> str:
     a, b, digits = parse_prompt(example.prompt)
     xs, ys = f"{a:0{digits}d}", f"{b:0{digits}d}"
     cols, carry = [], 0
@@ -84,16 +100,23 @@ class TaskSpec:
     """A synthetic task: how its supervised target is written and how its answer is read back."""
 
     name: str
-    sft_target: Callable[[Example], str]
-    """Full target response for supervised fine-tuning."""
+    sft_target: Callable[[Example, float], str]
+    """Full target response for supervised fine-tuning, given a uniform draw ``u`` in [0, 1) (tasks whose
+    target is a function of the example ignore it)."""
     extract_answer: Callable[[str], str | None]
     """Final-answer substring of a completion in this task's format, or None."""
     format_pattern: str
     """Regex a well-formed response matches in full (after stripping whitespace)."""
+    taught_answer: Callable[[Example], str] | None = None
+    """The answer most supervised targets state, when it is not ``example.answer`` (``klgrad sft`` stops on
+    held-out greedy accuracy against it); None: the targets state the true answer."""
 
 
 TASKS: dict[str, TaskSpec] = {
     "addition": TaskSpec("addition", _addition_target, _addition_answer, r"\d+"),
+    "addition_discovery": TaskSpec(
+        "addition_discovery", _discovery_target, _addition_answer, r"\d+", taught_answer=_discovery_taught_answer
+    ),
     "scratchpad": TaskSpec(
         "scratchpad",
         _scratchpad_target,
@@ -111,9 +134,28 @@ def get_task(task: str) -> TaskSpec:
         raise ValueError(f"unknown task {task!r}; known: {sorted(TASKS)}") from None
 
 
-def sft_target(task: str, example: Example) -> str:
-    """Target response of ``example`` for supervised fine-tuning (addition: the answer itself)."""
-    return get_task(task).sft_target(example)
+def sft_target(task: str, example: Example, rng: random.Random | None = None) -> str:
+    """Target response of ``example`` for supervised fine-tuning (addition: the answer itself).
+
+    ``addition_discovery``'s target is random: ``klgrad sft`` passes its seeded ``rng``, so each draw of an
+    example is decided afresh and every prompt is taught the same mixture. Without ``rng`` a stable hash of
+    the prompt decides, so the function stays pure (a fixed share DISCOVERY_CORRECT_FRACTION of prompts get
+    the true sum).
+    """
+    spec = get_task(task)
+    if rng is not None:
+        u = rng.random()
+    else:
+        digest = hashlib.blake2b(f"sft-target:{example.prompt}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "big") / 2**64
+    return spec.sft_target(example, u)
+
+
+def taught_answer(task: str, example: Example) -> str:
+    """The answer ``task``'s supervised targets mostly state: the true sum, except ``addition_discovery``'s
+    ``a+b+1``. ``klgrad sft`` stops on held-out greedy accuracy against it."""
+    spec = get_task(task)
+    return spec.taught_answer(example) if spec.taught_answer is not None else example.answer
 
 
 def extract_answer(task: str, completion: str) -> str | None:

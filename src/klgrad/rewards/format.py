@@ -2,7 +2,7 @@ r"""Regex format rewards: 1.0 when a completion has the expected shape, else 0.0
 
 Patterns (matched in full against the stripped completion):
 
-- ``addition``: digits only, ``\d+``;
+- ``addition`` and ``addition_discovery``: digits only, ``\d+``;
 - ``scratchpad``: the column-addition grammar of :mod:`klgrad.data.tasks`, e.g. ``7+8=15c1;0+5+1=6c0;=65``;
 - ``boxed``: any text holding ``\boxed{`` followed later by ``}`` (word problems answered in LaTeX);
 - ``think_answer``: ``<think>...</think>`` then ``<answer>...</answer>``, the R1 / Open-R1 format of the
