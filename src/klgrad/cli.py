@@ -488,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--config", default="configs/tiny_add.yaml", help="base training config")
     c.add_argument("--out", default="runs/compare", help="output folder")
-    c.add_argument("--seeds", type=int, default=3, help="seeds per method (>= 2)")
+    c.add_argument("--seeds", type=int, default=5, help="seeds per method (>= 2; runs of one seed are paired)")
     c.add_argument("--steps", type=int, default=60, help="RL steps per run")
     c.add_argument("--betas", default="0.5", help="comma-separated KL weights (a sweep adds frontier points)")
     c.add_argument(

@@ -190,7 +190,7 @@ def run_compare(
     out_dir: Path,
     *,
     config: str | None = "configs/tiny_add.yaml",
-    seeds: int = 3,
+    seeds: int = 5,
     steps: int = 60,
     betas: tuple[float, ...] = (0.5,),
     level: str = "token",
