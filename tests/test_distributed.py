@@ -115,8 +115,14 @@ def test_two_processes_train_like_one(tmp_path, case):
     # rank 0 alone wrote: one line per step (the step-0 line is the reference's evaluation)
     assert [r["step"] for r in two] == list(range(STEPS + 1))
     for a, b in zip(one[1:], two[1:], strict=True):
-        for k in ("reward/mean", "reward/std_in_group", "reward/accuracy", "reward/format", "clip/frac"):
+        for k in ("reward/mean", "reward/std_in_group", "reward/accuracy", "reward/format"):
             assert a[k] == b[k], (a["step"], k, a[k], b[k])  # the same sampled responses, exactly
+        # The clip fraction is a statistic of the update, not of the samples: from the second optimizer step
+        # on, the two runs' weights differ by AdamW-amplified rounding, and a ratio lying that close to 1 ± ε
+        # can land on either side. Each such decision moves clip/frac by one unit (1/32 in these batches:
+        # measured under ATEN_CPU_CAPABILITY=avx2, where one flipped at step 3); allow two per step. A wrong
+        # ratio or clip range moves it by many units.
+        assert abs(a["clip/frac"] - b["clip/frac"]) <= 2 / 32 + 1e-12, (a["step"], a["clip/frac"], b["clip/frac"])
         assert a["response/length"] == b["response/length"], a["step"]
         # The batches are the same; the passes differ in row count per matmul (16 rows vs 32) and DDP's
         # summation order: float32 rounding of a 4-layer Llama of width <= 512, network_tol (forward, and

@@ -408,30 +408,26 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
         out["eval/greedy_accuracy"] = sum(a or 0.0 for a in acc) / len(acc)
     out["eval/greedy_reward"] = sum(greedy_res.total) / len(greedy_res.total)
     gen = torch.Generator().manual_seed(seed)
-    sampled = sampler.generate(
-        policy,
-        ids,
-        mask,
-        group_size=1,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        generator=gen,
-    )
-    res = compute_rewards(specs, prompts, decode_responses(tokenizer, sampled), columns)
-    out["eval/sampled_reward"] = sum(res.total) / len(res.total)
-    if "accuracy" in res.per_function:
-        out["eval/sampled_accuracy"] = sum(res.per_function["accuracy"]) / len(prompts)
-    if cfg.rollout.top_p < 1.0:
-        sampled = sampler.generate(
+
+    def sample(top_p: float):
+        return sampler.generate(
             policy,
             ids,
             mask,
             group_size=1,
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,
+            top_p=top_p,
             generator=gen,
         )
+
+    sampled = sample(cfg.rollout.top_p)
+    res = compute_rewards(specs, prompts, decode_responses(tokenizer, sampled), columns)
+    out["eval/sampled_reward"] = sum(res.total) / len(res.total)
+    if "accuracy" in res.per_function:
+        out["eval/sampled_accuracy"] = sum(res.per_function["accuracy"]) / len(prompts)
+    if cfg.rollout.top_p < 1.0:  # the KL estimates need a sample of the full distribution
+        sampled = sample(1.0)
     ref_lp, _ = sequence_logprobs(ref, sampled.input_ids, sampled.attention_mask, ids.shape[1], cfg.rollout.temperature)
     u = torch.where(sampled.response_mask, sampled.logp - ref_lp, 0.0).sum(-1)  # (N,) sequence log-ratio
     out["eval/kl_k1"] = float(u.mean())
