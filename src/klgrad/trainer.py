@@ -321,7 +321,12 @@ def prompt_indices(seed: int, step: int, n_train: int, n_prompts: int) -> list[i
     form or β, they answer the same prompts with the same sampling uniforms (common random numbers), which is
     what lets ``klgrad compare`` pair its runs by seed.
     """
-    return torch.randint(n_train, (n_prompts,), generator=step_generator(seed, step)).tolist()
+    return draw_prompts(step_generator(seed, step), n_train, n_prompts)
+
+
+def draw_prompts(gen: torch.Generator, n_train: int, n_prompts: int) -> list[int]:
+    """``n_prompts`` training-set indices drawn with ``gen`` (uniform, with replacement)."""
+    return torch.randint(n_train, (n_prompts,), generator=gen).tolist()
 
 
 def prompt_seed(seed: int, step: int, prompt: int) -> int:
@@ -844,8 +849,8 @@ def _train_locked(
         policy.train()
     for step in bar:
         t0 = time.perf_counter()
-        gen = step_generator(cfg.train.seed, step)  # = prompt_indices(seed, step, ...), then the engines' RNG
-        idx = torch.randint(len(train_set), (n_prompts,), generator=gen).tolist()
+        gen = step_generator(cfg.train.seed, step)  # the step's prompts, then the RNG of engines that need one
+        idx = draw_prompts(gen, len(train_set), n_prompts)  # = prompt_indices(seed, step, ...)
         examples = [train_set[i] for i in idx]  # the same P prompts on every rank
         # 1-2. rollout: G responses per prompt, groups contiguous. All P prompts are encoded, so the left
         # padding is the single-process one; this rank answers its shard with its prompts' own uniforms.
