@@ -12,35 +12,18 @@ import itertools
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from klgrad.experiments.exact_kl import tree_kl
+from tiny_llama import BOS, EOS, PAD, V, tiny_llama64
 
 pytestmark = pytest.mark.numerics
 
-PAD, BOS, EOS, V, T = 0, 1, 2, 5, 3
+T = 3
 
 
 def tiny(seed: int) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        tie_word_embeddings=True,
-    )
-    cfg._attn_implementation = "eager"
-    m = LlamaForCausalLM(cfg).eval().double()
-    with torch.no_grad():
-        m.model.norm.weight.mul_(4.0)
-    return m
+    return tiny_llama64(seed, "eager")
 
 
 def seq_logp(model, prompt: list[int], resp: list[int], temperature: float) -> float:

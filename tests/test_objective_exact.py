@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from klgrad.experiments.exact_kl import enumerate_responses, tree_kl
 from klgrad.experiments.exact_objective import (
@@ -19,36 +19,18 @@ from klgrad.experiments.exact_objective import (
     pruning_bounds,
     reward_range,
 )
+from tiny_llama import BOS, EOS, INTER, PAD, V, tiny_llama64
 from tolerances import llama_depth, log_softmax_tol, network_tol, sum_tol
 
 pytestmark = pytest.mark.numerics
 
-PAD, BOS, EOS, V, T = 0, 1, 2, 5, 3
-HIDDEN, INTER = 16, 32
+T = 3
 R_RANGE = (0.0, 1.25)
 
 
 def tiny(seed: int) -> LlamaForCausalLM:
-    """A 1-layer float64 Llama over 5 tokens; sdpa keeps attention in float64 (eager's softmax is float32)."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=HIDDEN,
-        intermediate_size=INTER,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        tie_word_embeddings=True,
-    )
-    cfg._attn_implementation = "sdpa"
-    m = LlamaForCausalLM(cfg).eval().double()
-    with torch.no_grad():
-        m.model.norm.weight.mul_(4.0)
-    return m
+    """sdpa keeps attention in float64 (eager's softmax is float32)."""
+    return tiny_llama64(seed, "sdpa")
 
 
 def token_reward(y: list[int]) -> float:
