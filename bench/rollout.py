@@ -14,7 +14,7 @@ from bench.common import alternate, median, print_table, write_json
 from klgrad.data.tasks import make_splits
 from klgrad.models import load_model_and_tokenizer
 from klgrad.rollout.encoding import encode_prompts
-from klgrad.rollout.samplers import HFGenerateSampler, KVCacheSampler
+from klgrad.rollout.samplers import HFGenerateSampler, KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR
 
 WORKLOADS = {"addition (≤8 new)": ("addition", 8), "scratchpad (≤32 new)": ("scratchpad", 32)}
@@ -26,8 +26,8 @@ def measure(task: str, max_new: int, prompts: int = 32, group: int = 8, repeats:
     train, _ = make_splits(task, prompts, 1, 0, 2)
     ids, mask = encode_prompts(tok, [e.prompt for e in train])
     samplers = {
-        "klgrad (fast decode)": KVCacheSampler(tok.eos_token_id, tok.pad_token_id),
-        "klgrad (HF forward)": KVCacheSampler(tok.eos_token_id, tok.pad_token_id, fast=False),
+        "klgrad (fast decode)": KlgradSampler(tok.eos_token_id, tok.pad_token_id),
+        "klgrad (HF forward)": KlgradSampler(tok.eos_token_id, tok.pad_token_id, fast_forward=False),
         "transformers generate": HFGenerateSampler(tok.eos_token_id, tok.pad_token_id),
     }
     counts: dict[str, list[int]] = {k: [] for k in samplers}

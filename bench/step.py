@@ -16,7 +16,7 @@ import torch
 from klgrad.config import load_config
 from klgrad.models import build_char_tokenizer, count_parameters
 from klgrad.models.factory import build_tiny_model
-from klgrad.rollout.samplers import KVCacheSampler
+from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import Batch, make_logprob_fn, objective_spec, update
 
 
@@ -72,7 +72,7 @@ class RLStep:
         self.spec = objective_spec(self.cfg)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
         eos = -1 if fixed_length else tok.eos_token_id  # -1: never drawn, every response runs to new_tokens
-        self.sampler = KVCacheSampler(eos, tok.pad_token_id)
+        self.sampler = KlgradSampler(eos, tok.pad_token_id)
         self.ids, self.mask = make_prompts(tok, prompts)
         self.logprob_fn = make_logprob_fn(1.0)
         self.seed = 0

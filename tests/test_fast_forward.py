@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from klgrad.models.fast_forward import FastLlama, unsupported_reason
-from klgrad.rollout.samplers import KVCacheSampler
+from klgrad.models.fast_forward import FastForward, unsupported_reason
+from klgrad.rollout.samplers import KlgradSampler
 from tolerances import max_abs_logit, model_tol
 
 pytestmark = pytest.mark.numerics
@@ -60,7 +60,7 @@ def test_prefill_and_steps_equal_a_full_forward(make):
     prompts = torch.tensor([[PAD, PAD, BOS, 5, 6], [BOS, 7, 8, 9, 4], [PAD, BOS, 3, 3, 11]])
     mask = prompts != PAD
     g, steps = 2, 6
-    dec = FastLlama(model)
+    dec = FastForward(model)
     logits = [dec.prefill(prompts, mask, g, steps)]  # (N, V) each
     gen = torch.Generator().manual_seed(0)
     toks = []
@@ -84,10 +84,10 @@ def test_weights_are_read_live_not_copied():
     model = llama()
     prompts = torch.tensor([[BOS, 5, 6]])
     mask = prompts != PAD
-    before = FastLlama(model).prefill(prompts, mask, 1, 1)
+    before = FastForward(model).prefill(prompts, mask, 1, 1)
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.add_(0.1)
-    after = FastLlama(model).prefill(prompts, mask, 1, 1)
+    after = FastForward(model).prefill(prompts, mask, 1, 1)
     full = full_forward_logits(model, prompts, mask)[:, -1]
     torch.testing.assert_close(after, full, rtol=0, atol=model_tol(model.config, float(full.abs().max())))
     assert not torch.allclose(before, after)
@@ -97,12 +97,10 @@ def test_sampler_fast_and_transformers_paths_draw_the_same_tokens():
     model = llama()
     prompts = torch.tensor([[PAD, BOS, 5, 6], [BOS, 7, 8, 9]])
     u = torch.rand(8, 10, generator=torch.Generator().manual_seed(2))
-    fast = KVCacheSampler(EOS, PAD).generate(
-        model, prompts, prompts != PAD, group_size=4, max_new_tokens=10, uniforms=u
-    )
-    slow = KVCacheSampler(EOS, PAD, fast=False)
+    fast = KlgradSampler(EOS, PAD).generate(model, prompts, prompts != PAD, group_size=4, max_new_tokens=10, uniforms=u)
+    slow = KlgradSampler(EOS, PAD, fast_forward=False)
     ref = slow.generate(model, prompts, prompts != PAD, group_size=4, max_new_tokens=10, uniforms=u)
-    assert KVCacheSampler(EOS, PAD).uses_fast_path(model)
+    assert KlgradSampler(EOS, PAD).uses_fast_path(model)
     assert not slow.uses_fast_path(model)
     assert torch.equal(fast.response_ids, ref.response_ids)
     # log-probs move by at most twice the logits' rounding (model_tol at the batch's largest logit)
@@ -114,11 +112,11 @@ def test_unsupported_models_are_declined_and_sampled_through_transformers():
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=23, n_embd=32, n_layer=1, n_head=2, n_positions=32)).eval()
     assert "model_type" in unsupported_reason(gpt2)
     with pytest.raises(ValueError, match="does not support"):
-        FastLlama(gpt2)
+        FastForward(gpt2)
     cfg = LlamaConfig(**COMMON, rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     assert "RoPE" in unsupported_reason(LlamaForCausalLM(cfg))
     prompts = torch.tensor([[BOS, 5, 6]])
-    r = KVCacheSampler(EOS, PAD).generate(gpt2, prompts, prompts != PAD, group_size=2, max_new_tokens=3)
+    r = KlgradSampler(EOS, PAD).generate(gpt2, prompts, prompts != PAD, group_size=2, max_new_tokens=3)
     assert r.response_ids.shape[0] == 2
 
 
@@ -136,8 +134,8 @@ def test_dropping_finished_rows_changes_nothing():
     ids, mask = encode_prompts(tok, [e.prompt for e in train])
     u = torch.rand(128, 8, generator=torch.Generator().manual_seed(5))
     kw = dict(group_size=8, max_new_tokens=8, uniforms=u)
-    fast = KVCacheSampler(tok.eos_token_id, tok.pad_token_id).generate(model, ids, mask, **kw)
-    ref = KVCacheSampler(tok.eos_token_id, tok.pad_token_id, fast=False).generate(model, ids, mask, **kw)
+    fast = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(model, ids, mask, **kw)
+    ref = KlgradSampler(tok.eos_token_id, tok.pad_token_id, fast_forward=False).generate(model, ids, mask, **kw)
     lengths = fast.lengths
     assert int((lengths < lengths.max()).sum()) > 128 // 4  # enough rows finished early to trigger a drop
     assert torch.equal(fast.response_ids, ref.response_ids)
@@ -167,7 +165,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(make):
 
     def run(shared):
         model.zero_grad()
-        lp, ent = sequence_logprobs(model, ids, mask, 5, 0.7, with_entropy=True, shared_prompts=shared)
+        lp, ent = sequence_logprobs(model, ids, mask, 5, 0.7, with_entropy=True, fast_forward=shared)
         (torch.where(resp_mask, weights * lp + 0.3 * ent, 0.0)).sum().backward()
         grads = {k: p.grad.clone() for k, p in model.named_parameters()}
         return lp.masked_fill(~resp_mask, 0), ent.masked_fill(~resp_mask, 0), grads

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from klgrad.rollout.samplers import HFGenerateSampler, KVCacheSampler, make_sampler
+from klgrad.rollout.samplers import HFGenerateSampler, KlgradSampler, make_sampler
 from tolerances import logprob_tol
 
 pytestmark = pytest.mark.numerics
@@ -100,7 +100,7 @@ def test_masks_eos_truncation_and_groups(model, engine):
 
 def test_greedy_is_deterministic_and_agrees_between_engines(model):
     ids, mask = prompts()
-    a = KVCacheSampler(EOS, PAD).generate(model, ids, mask, group_size=2, max_new_tokens=6, greedy=True)
+    a = KlgradSampler(EOS, PAD).generate(model, ids, mask, group_size=2, max_new_tokens=6, greedy=True)
     b = HFGenerateSampler(EOS, PAD).generate(model, ids, mask, group_size=2, max_new_tokens=6, greedy=True)
     t = min(a.response_ids.shape[1], b.response_ids.shape[1])
     torch.testing.assert_close(a.response_ids[:, :t], b.response_ids[:, :t])
@@ -109,7 +109,7 @@ def test_greedy_is_deterministic_and_agrees_between_engines(model):
 
 def test_seeded_sampling_is_reproducible_and_top_p_restricts_support(model):
     ids, mask = prompts()
-    s = KVCacheSampler(EOS, PAD)
+    s = KlgradSampler(EOS, PAD)
     a = s.generate(model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3))
     b = s.generate(model, ids, mask, group_size=8, max_new_tokens=5, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a.response_ids, b.response_ids)
@@ -163,7 +163,7 @@ def test_rows_draw_the_same_tokens_whatever_the_batch_split(model):
     """Given per-row uniforms, a row's response depends on its own prompt only: halves of a batch sampled apart
     equal the whole batch (what makes a run split over processes draw what one process draws)."""
     ids, mask = prompts()
-    s = KVCacheSampler(EOS, PAD)
+    s = KlgradSampler(EOS, PAD)
     u = torch.rand(6, 6, generator=torch.Generator().manual_seed(3))
     whole = s.generate(model, ids, mask, group_size=2, max_new_tokens=6, uniforms=u)
     first = s.generate(model, ids[:1], mask[:1], group_size=2, max_new_tokens=6, uniforms=u[:2])

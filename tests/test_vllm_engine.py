@@ -181,11 +181,12 @@ def test_config_mismatch_fields():
 
 
 def test_other_engines_refuse_vllm_options():
-    with pytest.raises(ValueError, match=r"takes only \['fast'\]"):
+    with pytest.raises(ValueError, match=r"takes only \['fast', 'fast_forward'\]"):
         make_sampler("klgrad", 1, 0, model_path="x")
     with pytest.raises(ValueError, match=r"takes only \[\]"):
         make_sampler("hf", 1, 0, fast=True)
-    assert not make_sampler("klgrad", 1, 0, fast=False).fast
+    assert not make_sampler("klgrad", 1, 0, fast_forward=False).fast_forward
+    assert not make_sampler("klgrad", 1, 0, fast=False).fast_forward  # the former name
 
 
 def test_weight_change_detector_sees_optimizer_steps_and_loads():

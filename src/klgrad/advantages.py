@@ -193,3 +193,99 @@ def shape_rewards(
     if not return_stats:
         return x
     return x, ShapingStats(zero_std_groups=zero_std_groups, num_groups=B // G, std_clipped=std_clipped)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the shaping's slope without one sample (the combined form's token_to_go prefix term)
+
+
+def _masked_std(v: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:
+    """Unbiased std over the present entries of each row, (..., n) -> (...,) std and (...,) mean.
+
+    std = m·sqrt(Σ_j p_j ((v_j - v̄)/m)² / (k - 1)) with v̄ the mean over the k present entries and m the largest
+    present |v_j - v̄| (scale-free, as in shaping); exactly 0 when the present entries are all equal (max == min)
+    and NaN when k < 2. Absent entries never enter: they are masked before every sum.
+    """
+    k = present.sum(-1)  # (...,)
+    vp = torch.where(present, v, 0.0)  # (..., n)
+    mean = vp.sum(-1) / k.clamp(min=1)  # (...,)
+    centred = torch.where(present, v - mean[..., None], 0.0)  # (..., n)
+    const = torch.where(present, v, -torch.inf).amax(-1) == torch.where(present, v, torch.inf).amin(-1)  # (...,)
+    m = centred.abs().amax(-1)  # (...,)
+    m = torch.where(const | (m == 0), torch.ones_like(m), m)
+    s = ((centred / m[..., None]).square().sum(-1) / (k - 1).clamp(min=1)).sqrt()  # (...,)
+    std = torch.where(const, torch.zeros_like(s), m * s)
+    return torch.where(k >= 2, std, torch.full_like(std, torch.nan)), mean
+
+
+def _loo_chain_scale(
+    x: Tensor,
+    present: Tensor,
+    own: Tensor,
+    ops: tuple[str, ...],
+    group_size: int,
+    std_min: float | None,
+    std_max: float | None,
+) -> Tensor:
+    """The shaping chain on rows of (R, n) totals with sample ``own`` (R,) absent: Π 1/clip(std) per row, (R,).
+
+    Each row is the batch (or group) with one sample left out (``present`` (R, n) False there); group statistics
+    are over contiguous chunks of ``group_size`` columns. A row's factor is 1/clip(std) of the chunk holding its
+    own sample, for each normalising operator; 0 when that std is undefined (fewer than 2 others) or 0 after
+    clipping, so the prefix term is dropped rather than scaled by a statistic that would need the sample itself.
+    """
+    rows, n = x.shape
+    scale = torch.ones(rows, dtype=x.dtype, device=x.device)
+    for op in ops:
+        chunk = group_size if op in ("group_norm", "group_baseline", "rloo") else n
+        v = x.view(rows, n // chunk, chunk)  # (R, C, chunk)
+        p = present.view(rows, n // chunk, chunk)
+        if op in ("group_norm", "batch_norm"):
+            std, mean = _masked_std(v, p)  # (R, C)
+            if std_min is not None or std_max is not None:
+                std = torch.where(std.isnan(), std, std.clamp(min=std_min, max=std_max))
+            ok = std > 0  # False for NaN (undefined) and 0
+            safe = torch.where(ok, std, torch.ones_like(std))  # (R, C)
+            own_std_ok = ok.gather(1, (own // chunk)[:, None]).squeeze(1)  # (R,)
+            own_inv = 1.0 / safe.gather(1, (own // chunk)[:, None]).squeeze(1)  # (R,)
+            scale = torch.where(own_std_ok & torch.isfinite(own_inv), scale * own_inv, torch.zeros_like(scale))
+            x = ((v - mean[..., None]) / safe[..., None]).reshape(rows, n)
+        elif op in ("group_baseline", "rloo", "batch_baseline"):
+            k = p.sum(-1).clamp(min=1)  # (R, C)
+            mean = torch.where(p, v, 0.0).sum(-1) / k  # (R, C)
+            x = (v - mean[..., None]).reshape(rows, n)
+    return scale
+
+
+def leave_one_out_scale(
+    totals: Tensor, group_size: int, method: str, std_min: float | None, std_max: float | None
+) -> Tensor:
+    """Multiplier s_{-i} of the token_to_go prefix term, computed without sample i, (B,) -> (B,).
+
+    s_{-i} = Π over the normalising operators of 1/clip(std), each std taken on the batch with sample i left out
+    (group_norm: the other G - 1 totals of its group; batch_norm: the other B - 1 values, after the chain's
+    earlier operators recomputed without i). Baselines contribute 1. s_{-i} is 0 where that std is undefined
+    (G = 2 for group_norm) or 0 after clipping (the others all equal and no std_min): there the sample's
+    advantages are the sequence-level ones. Being a function of the other samples only, s_{-i} is independent
+    of y_i, so E[s_{-i} β Σ_{t'<t} c_t' ∇log π(y_t|y_<t)] = E[s_{-i}] E[β Σ_{t'<t} c_t' E[∇log π(y_t|y_<t) | y_<t]] = 0.
+    """
+    ops = PRESETS.get(method, (method,))
+    x = totals.detach().to(torch.float64)  # (B,)
+    B, G = x.numel(), group_size
+    if not {"group_norm", "batch_norm"}.intersection(ops):
+        return torch.ones_like(totals)
+    if all(op in ("group_norm", "group_baseline", "rloo") for op in ops):  # group-local: (groups·G, G) rows
+        rows = x.view(-1, 1, G).expand(-1, G, G).reshape(-1, G)  # (B, G): row i holds i's group
+        own = torch.arange(G, device=x.device).repeat(B // G)  # (B,) i's column in its row
+        present = torch.arange(G, device=x.device)[None, :] != own[:, None]  # (B, G)
+        scale = _loo_chain_scale(rows, present, own, ops, G, std_min, std_max)
+    else:  # batch statistics: (B, B) rows, in blocks to bound memory
+        block = max(1, 2**20 // B)
+        parts = []
+        for lo in range(0, B, block):
+            own = torch.arange(lo, min(lo + block, B), device=x.device)  # (R,)
+            present = torch.arange(B, device=x.device)[None, :] != own[:, None]  # (R, B)
+            parts.append(_loo_chain_scale(x[None, :].expand(len(own), B), present, own, ops, G, std_min, std_max))
+        scale = torch.cat(parts)
+    scale = scale.to(totals.dtype)  # a float64 scale can overflow the totals' float32
+    return torch.where(torch.isfinite(scale), scale, torch.zeros_like(scale))

@@ -559,3 +559,9 @@ def kl_loss(
         is_correction=is_correction,
         max_log_ratio=max_log_ratio,
     ).mean()
+
+
+def adaptive_beta(beta: float, kl: float, target: float, rate: float) -> float:
+    """Proportional controller (Ziegler et al.): β ← β·(1 + rate·clip(KL/target - 1, -0.2, 0.2)/0.2)."""
+    err = max(-0.2, min(0.2, kl / target - 1.0))
+    return beta * (1.0 + rate * err / 0.2)

@@ -240,7 +240,8 @@ def sequence_logprobs(
     *,
     with_entropy: bool = False,
     micro_batch_size: int | None = None,
-    shared_prompts: bool = True,
+    fast_forward: bool = True,
+    shared_prompts: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Log-probs (and optionally entropies) of the response tokens under a HF causal LM.
 
@@ -256,14 +257,15 @@ def sequence_logprobs(
     alone (up to float rounding; tested at 1e-5). Only the logits of positions ≥ response_start - 1 are
     computed when the model's ``forward`` takes ``logits_to_keep`` (current HF causal LMs do).
 
-    Shared prompts. With ``shared_prompts`` (default) and a Llama-family model
+    Fast forward (``model.fast_forward``). With ``fast_forward`` (default) and a Llama-family model
     (:func:`klgrad.models.fast_forward.unsupported_reason` is None), rows whose prompt part is identical
     (GRPO's G samples of one prompt) share one pass over the prompt: the distinct prompts run once and the
     response positions attend to their prompt's keys and values
-    (:meth:`~klgrad.models.fast_forward.FastLlama.shared_prefix_logits`). Same log-probs and gradients (tested
-    against this function with ``shared_prompts=False`` at 1e-5), fewer positions: P·L + N·(T - 1) instead
+    (:meth:`~klgrad.models.fast_forward.FastForward.shared_prefix_logits`). Same log-probs and gradients (tested
+    against this function with ``fast_forward=False`` at 1e-5), fewer positions: P·L + N·(T - 1) instead
     of N·(L + T - 1). Used when every response mask is a run of real tokens followed by padding; otherwise,
-    for other models, or with ``shared_prompts=False``, one transformers forward over every row.
+    for other models, or with ``fast_forward=False``, one transformers forward over every row.
+    ``shared_prompts`` is the former name of ``fast_forward``.
 
     Gradients flow when called with grad enabled (policy); call under ``torch.no_grad()`` for a reference
     model. ``micro_batch_size`` splits the rows into forward passes of that many rows (results identical);
@@ -272,6 +274,7 @@ def sequence_logprobs(
     Returns:
         ``(logp, entropy)``: (B, T_resp) float32 each; ``entropy`` is None unless ``with_entropy``.
     """
+    fast_forward = fast_forward if shared_prompts is None else shared_prompts
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"input_ids and attention_mask must both be (B, L), got {tuple(input_ids.shape)} and "
@@ -292,7 +295,7 @@ def sequence_logprobs(
                 response_start,
                 temperature,
                 with_entropy=with_entropy,
-                shared_prompts=shared_prompts,
+                fast_forward=fast_forward,
             )
             for i in range(0, B, mb)
         ]
@@ -301,7 +304,7 @@ def sequence_logprobs(
         return logp, entropy
 
     n_resp = L - response_start
-    logits = _shared_prompt_logits(model, input_ids, attention_mask, response_start) if shared_prompts else None
+    logits = _shared_prompt_logits(model, input_ids, attention_mask, response_start) if fast_forward else None
     if logits is not None:
         return _logprobs_entropy(logits, input_ids[:, response_start:], temperature, with_entropy)
     kwargs = {}
@@ -330,7 +333,7 @@ def _shared_prompt_logits(
 ) -> Tensor | None:
     """(B, T_resp, V) response logits computing each distinct prompt once, or None when that path does not
     apply (model not supported, no repeated prompt, or a response mask with a hole)."""
-    from klgrad.models.fast_forward import FastLlama, unsupported_reason
+    from klgrad.models.fast_forward import FastForward, unsupported_reason
 
     if unsupported_reason(model) is not None:
         return None
@@ -341,6 +344,6 @@ def _shared_prompt_logits(
     distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)  # (U, 2·Lp), (B,)
     if distinct.shape[0] == input_ids.shape[0]:
         return None  # nothing shared
-    return FastLlama(model).shared_prefix_logits(
+    return FastForward(model).shared_prefix_logits(
         distinct[:, :response_start], distinct[:, response_start:].bool(), owner, input_ids[:, response_start:]
     )

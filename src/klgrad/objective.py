@@ -19,12 +19,12 @@ equal the full-batch gradient exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 from torch import Tensor
 
-from klgrad.advantages import PRESETS, shape_rewards
+from klgrad.advantages import leave_one_out_scale, shape_rewards
 from klgrad.kl import (
     KL_HEADS,
     LEVELS,
@@ -43,6 +43,9 @@ from klgrad.kl import (
     masked_sum,
 )
 
+if TYPE_CHECKING:
+    from klgrad.config import Config
+
 Form = Literal["combined", "decoupled"]
 Aggregation = Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"]
 FORMS: tuple[str, ...] = get_args(Form)
@@ -51,7 +54,9 @@ AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """What the loss is made of. Every field is a choice the paper or SPEC names."""
+    """What the loss is made of: every choice of the reward head and the KL head (docs/math.md).
+
+    A run builds it from its config with :meth:`from_config`."""
 
     kl_head: str = "none"
     """Name of the KL head (see :data:`klgrad.kl.KL_HEADS`)."""
@@ -116,6 +121,33 @@ class ObjectiveSpec:
     @property
     def head(self) -> KLHead:
         return get_kl_head(self.kl_head)
+
+    @classmethod
+    def from_config(cls, cfg: Config, beta: float | None = None) -> ObjectiveSpec:
+        """The loss a run's config describes (:data:`CONFIG_KEYS` says where each field lives); ``beta``
+        overrides ``kl.beta`` (an adaptive β's current value)."""
+        values = {name: getattr(getattr(cfg, section), key) for name, (section, key) in CONFIG_KEYS.items()}
+        return cls(**{**values, **({} if beta is None else {"beta": beta})})
+
+
+CONFIG_KEYS: dict[str, tuple[str, str]] = {
+    "kl_head": ("kl", "head"),
+    "beta": ("kl", "beta"),
+    "kl_level": ("kl", "level"),
+    "form": ("kl", "form"),
+    "clip_eps_low": ("algo", "clip_eps_low"),
+    "clip_eps_high": ("algo", "clip_eps_high"),
+    "dual_clip": ("algo", "dual_clip"),
+    "ratio_level": ("algo", "ratio_level"),
+    "kl_clip_eps": ("kl", "clip_eps"),
+    "kl_ratio_level": ("kl", "ratio_level"),
+    "kl_is_correction": ("kl", "is_correction"),
+    "aggregation": ("algo", "aggregation"),
+    "entropy_coef": ("algo", "entropy_coef"),
+}
+"""Where each :class:`ObjectiveSpec` field is set in a run's config: field -> (section, key). The spec's names
+say which head a setting belongs to (``kl_clip_eps`` vs the reward head's ``clip_eps_low``); the config groups
+them by section instead. ``max_log_ratio`` has no config key (the overflow guard's constant)."""
 
 
 @dataclass
@@ -187,98 +219,6 @@ def decoupled_advantages(
     return torch.where(mask.bool(), adv[:, None], 0.0)  # (B, T)
 
 
-def _masked_std(v: Tensor, present: Tensor) -> tuple[Tensor, Tensor]:
-    """Unbiased std over the present entries of each row, (..., n) -> (...,) std and (...,) mean.
-
-    std = m·sqrt(Σ_j p_j ((v_j - v̄)/m)² / (k - 1)) with v̄ the mean over the k present entries and m the largest
-    present |v_j - v̄| (scale-free, as in shaping); exactly 0 when the present entries are all equal (max == min)
-    and NaN when k < 2. Absent entries never enter: they are masked before every sum.
-    """
-    k = present.sum(-1)  # (...,)
-    vp = torch.where(present, v, 0.0)  # (..., n)
-    mean = vp.sum(-1) / k.clamp(min=1)  # (...,)
-    centred = torch.where(present, v - mean[..., None], 0.0)  # (..., n)
-    const = torch.where(present, v, -torch.inf).amax(-1) == torch.where(present, v, torch.inf).amin(-1)  # (...,)
-    m = centred.abs().amax(-1)  # (...,)
-    m = torch.where(const | (m == 0), torch.ones_like(m), m)
-    s = ((centred / m[..., None]).square().sum(-1) / (k - 1).clamp(min=1)).sqrt()  # (...,)
-    std = torch.where(const, torch.zeros_like(s), m * s)
-    return torch.where(k >= 2, std, torch.full_like(std, torch.nan)), mean
-
-
-def _loo_chain_scale(
-    x: Tensor,
-    present: Tensor,
-    own: Tensor,
-    ops: tuple[str, ...],
-    group_size: int,
-    std_min: float | None,
-    std_max: float | None,
-) -> Tensor:
-    """The shaping chain on rows of (R, n) totals with sample ``own`` (R,) absent: Π 1/clip(std) per row, (R,).
-
-    Each row is the batch (or group) with one sample left out (``present`` (R, n) False there); group statistics
-    are over contiguous chunks of ``group_size`` columns. A row's factor is 1/clip(std) of the chunk holding its
-    own sample, for each normalising operator; 0 when that std is undefined (fewer than 2 others) or 0 after
-    clipping, so the prefix term is dropped rather than scaled by a statistic that would need the sample itself.
-    """
-    rows, n = x.shape
-    scale = torch.ones(rows, dtype=x.dtype, device=x.device)
-    for op in ops:
-        chunk = group_size if op in ("group_norm", "group_baseline", "rloo") else n
-        v = x.view(rows, n // chunk, chunk)  # (R, C, chunk)
-        p = present.view(rows, n // chunk, chunk)
-        if op in ("group_norm", "batch_norm"):
-            std, mean = _masked_std(v, p)  # (R, C)
-            if std_min is not None or std_max is not None:
-                std = torch.where(std.isnan(), std, std.clamp(min=std_min, max=std_max))
-            ok = std > 0  # False for NaN (undefined) and 0
-            safe = torch.where(ok, std, torch.ones_like(std))  # (R, C)
-            own_std_ok = ok.gather(1, (own // chunk)[:, None]).squeeze(1)  # (R,)
-            own_inv = 1.0 / safe.gather(1, (own // chunk)[:, None]).squeeze(1)  # (R,)
-            scale = torch.where(own_std_ok & torch.isfinite(own_inv), scale * own_inv, torch.zeros_like(scale))
-            x = ((v - mean[..., None]) / safe[..., None]).reshape(rows, n)
-        elif op in ("group_baseline", "rloo", "batch_baseline"):
-            k = p.sum(-1).clamp(min=1)  # (R, C)
-            mean = torch.where(p, v, 0.0).sum(-1) / k  # (R, C)
-            x = (v - mean[..., None]).reshape(rows, n)
-    return scale
-
-
-def _leave_one_out_scale(
-    totals: Tensor, group_size: int, method: str, std_min: float | None, std_max: float | None
-) -> Tensor:
-    """Multiplier s_{-i} of the token_to_go prefix term, computed without sample i, (B,) -> (B,).
-
-    s_{-i} = Π over the normalising operators of 1/clip(std), each std taken on the batch with sample i left out
-    (group_norm: the other G - 1 totals of its group; batch_norm: the other B - 1 values, after the chain's
-    earlier operators recomputed without i). Baselines contribute 1. s_{-i} is 0 where that std is undefined
-    (G = 2 for group_norm) or 0 after clipping (the others all equal and no std_min): there the sample's
-    advantages are the sequence-level ones. Being a function of the other samples only, s_{-i} is independent
-    of y_i, so E[s_{-i} β Σ_{t'<t} c_t' ∇log π(y_t|y_<t)] = E[s_{-i}] E[β Σ_{t'<t} c_t' E[∇log π(y_t|y_<t) | y_<t]] = 0.
-    """
-    ops = PRESETS.get(method, (method,))
-    x = totals.detach().to(torch.float64)  # (B,)
-    B, G = x.numel(), group_size
-    if not {"group_norm", "batch_norm"}.intersection(ops):
-        return torch.ones_like(totals)
-    if all(op in ("group_norm", "group_baseline", "rloo") for op in ops):  # group-local: (groups·G, G) rows
-        rows = x.view(-1, 1, G).expand(-1, G, G).reshape(-1, G)  # (B, G): row i holds i's group
-        own = torch.arange(G, device=x.device).repeat(B // G)  # (B,) i's column in its row
-        present = torch.arange(G, device=x.device)[None, :] != own[:, None]  # (B, G)
-        scale = _loo_chain_scale(rows, present, own, ops, G, std_min, std_max)
-    else:  # batch statistics: (B, B) rows, in blocks to bound memory
-        block = max(1, 2**20 // B)
-        parts = []
-        for lo in range(0, B, block):
-            own = torch.arange(lo, min(lo + block, B), device=x.device)  # (R,)
-            present = torch.arange(B, device=x.device)[None, :] != own[:, None]  # (R, B)
-            parts.append(_loo_chain_scale(x[None, :].expand(len(own), B), present, own, ops, G, std_min, std_max))
-        scale = torch.cat(parts)
-    scale = scale.to(totals.dtype)  # a float64 scale can overflow the totals' float32
-    return torch.where(torch.isfinite(scale), scale, torch.zeros_like(scale))
-
-
 def combined_advantages(
     rewards: Tensor,
     head: KLHead | str,
@@ -301,13 +241,13 @@ def combined_advantages(
         A_{i,t} = shape(x)_i + s_{-i} · β · Σ_{t'<t} c_t',   x_i = R_i - β Σ_t c_t   (B, T),
 
     so A_{i,1} = shape(x)_i is the sequence-level advantage and the prefix term removes the KL already paid
-    before t. s_{-i} (:func:`_leave_one_out_scale`) is the shaping's normalisation computed *without* sample i
-    (1 for baseline-only shaping): independent of y_i, so the prefix term has zero expected gradient and the
-    expected gradient equals the sequence level's exactly. A scale using sample i's own total (the full group
-    std) would not: its prefix term is correlated with y_t.. and biases the gradient. s_{-i} = 0 (prefix term
-    dropped, the sequence-level advantage on every token) where the leave-one-out std is undefined (G = 2 with
-    group normalisation) or 0. The variance is not guaranteed lower than the sequence level's under a
-    normalising shaper. ``logp`` is the *current* detached policy: recompute every epoch.
+    before t. s_{-i} (:func:`klgrad.advantages.leave_one_out_scale`) is the shaping's normalisation computed
+    *without* sample i (1 for baseline-only shaping): independent of y_i, so the prefix term has zero expected
+    gradient and the expected gradient equals the sequence level's exactly. A scale using sample i's own total
+    (the full group std) would not: its prefix term is correlated with y_t.. and biases the gradient. s_{-i} = 0
+    (prefix term dropped, the sequence-level advantage on every token) where the leave-one-out std is undefined
+    (G = 2 with group normalisation) or 0. The variance is not guaranteed lower than the sequence level's under
+    a normalising shaper. ``logp`` is the *current* detached policy: recompute every epoch.
     """
     if level == "token":
         raise ValueError("level 'token' is not a return: the combined form needs 'sequence' or 'token_to_go'")
@@ -325,7 +265,7 @@ def combined_advantages(
     total_coef = coef.gather(-1, first[:, None]).squeeze(-1)  # (B,) = Σ_t c_t
     totals = rewards - beta * total_coef  # (B,)
     adv_total = shape_rewards(totals, group_size, method, std_min, std_max).to(coef.dtype)  # (B,)
-    scale = _leave_one_out_scale(totals, group_size, method, std_min, std_max)  # (B,)
+    scale = leave_one_out_scale(totals, group_size, method, std_min, std_max)  # (B,)
     prefix_kl = total_coef[:, None] - coef  # (B, T) = Σ_{t'<t} c_t'
     adv = adv_total[:, None] + scale[:, None] * beta * prefix_kl  # (B, T)
     return torch.where(mask, adv, 0.0)
@@ -372,6 +312,7 @@ def policy_objective(
     entropy: Tensor | None = None,
     num_sequences: int | None = None,
     num_tokens: int | float | None = None,
+    mismatch_weights: Tensor | None = None,
     behaviour_weights: Tensor | None = None,
 ) -> ObjectiveTerms:
     r"""loss = agg(w ⊙ reward head) + β·agg(KL head, decoupled only) - entropy_coef·agg(entropy).
@@ -383,12 +324,16 @@ def policy_objective(
         old_logp: (B, T) behaviour log-probs, None when on-policy.
         entropy: (B, T) per-token entropy carrying gradient (needed when ``spec.entropy_coef > 0``).
         num_sequences, num_tokens: global normalisers for micro-batching (default: this batch's).
-        behaviour_weights: (B, T) detached per-token weights w multiplying the reward head's per-token loss
-            terms, e.g. the truncated importance weights of
-            :func:`klgrad.rollout.mismatch.mismatch_weights` that correct for a rollout engine whose
-            log-probs differ from the trainer's (TIS). The KL head is not reweighted (as in verl's TIS).
-            None (default) = all ones: results unchanged.
+        mismatch_weights: (B, T) detached per-token weights w multiplying the reward head's per-token loss
+            terms: the truncated importance weights of :func:`klgrad.rollout.mismatch.mismatch_weights` that
+            correct for a rollout engine whose log-probs differ from the trainer's (TIS). The KL head is not
+            reweighted (as in verl's TIS). None (default) = all ones: results unchanged.
+        behaviour_weights: the former name of ``mismatch_weights`` (an alias; give one or the other).
     """
+    if behaviour_weights is not None:
+        if mismatch_weights is not None:
+            raise ValueError("give mismatch_weights or its alias behaviour_weights, not both")
+        mismatch_weights = behaviour_weights
     mask = mask.bool()
     agg = dict(mode=spec.aggregation, num_sequences=num_sequences, num_tokens=num_tokens)
     pg_per_token = policy_gradient_loss(
@@ -402,13 +347,13 @@ def policy_objective(
         ratio_level=spec.ratio_level,
         max_log_ratio=spec.max_log_ratio,
     )  # (B, T)
-    if behaviour_weights is not None:
-        if behaviour_weights.shape != pg_per_token.shape:
+    if mismatch_weights is not None:
+        if mismatch_weights.shape != pg_per_token.shape:
             raise ValueError(
-                f"behaviour_weights must have the shape of logp {tuple(pg_per_token.shape)}, "
-                f"got {tuple(behaviour_weights.shape)}"
+                f"mismatch_weights (behaviour_weights) must have the shape of logp {tuple(pg_per_token.shape)}, "
+                f"got {tuple(mismatch_weights.shape)}"
             )
-        w = torch.where(mask, behaviour_weights.detach().to(pg_per_token.dtype), 0.0)  # (B, T) padding never matters
+        w = torch.where(mask, mismatch_weights.detach().to(pg_per_token.dtype), 0.0)  # (B, T) padding never matters
         pg_per_token = pg_per_token * w
     pg = aggregate(pg_per_token, mask, **agg)
     kl = torch.zeros((), dtype=pg.dtype)

@@ -12,7 +12,6 @@ transformers directory (safetensors + config + tokenizer), the same path a real 
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -24,8 +23,9 @@ from tqdm.auto import tqdm
 from klgrad.data.tasks import extract_answer, make_splits, sft_target, taught_answer
 from klgrad.models import build_char_tokenizer, build_tiny_model, count_parameters, save_model_and_tokenizer
 from klgrad.rollout.encoding import decode_responses, encode_prompts
-from klgrad.rollout.samplers import KVCacheSampler
+from klgrad.rollout.samplers import KlgradSampler
 from klgrad.runlock import LOCK_NAME, run_lock
+from klgrad.schedule import lr_factor
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def greedy_accuracy(model, tokenizer, examples, task: str, max_new_tokens: int, 
     or with ``taught=True`` against the answer the task's targets teach (:func:`taught_answer`)."""
     ids, mask = encode_prompts(tokenizer, [e.prompt for e in examples])
     model.eval()
-    r = KVCacheSampler(tokenizer.eos_token_id, tokenizer.pad_token_id).generate(
+    r = KlgradSampler(tokenizer.eos_token_id, tokenizer.pad_token_id).generate(
         model, ids, mask, group_size=1, max_new_tokens=max_new_tokens, greedy=True
     )
     model.train()
@@ -101,7 +101,7 @@ def sampled_accuracy(
     ids, mask = encode_prompts(tokenizer, [e.prompt for e in examples])
     was_training = model.training
     model.eval()
-    r = KVCacheSampler(tokenizer.eos_token_id, tokenizer.pad_token_id).generate(
+    r = KlgradSampler(tokenizer.eos_token_id, tokenizer.pad_token_id).generate(
         model,
         ids,
         mask,
@@ -140,12 +140,7 @@ def _run_sft(cfg: SFTConfig, out_dir: Path, progress: bool) -> dict:
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.01)
 
-    def lr_at(step: int) -> float:
-        if step < cfg.warmup:
-            return (step + 1) / cfg.warmup
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup))))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, cfg.max_steps, cfg.warmup, "cosine"))
     gen = torch.Generator().manual_seed(cfg.seed)
     target_rng = random.Random(cfg.seed)  # addition_discovery's per-draw target choice; other tasks ignore it
     history: list[dict] = []

@@ -106,7 +106,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     from klgrad.logprobs import sequence_logprobs
     from klgrad.models import load_model_and_tokenizer
     from klgrad.rollout.encoding import encode_prompts
-    from klgrad.rollout.samplers import KVCacheSampler
+    from klgrad.rollout.samplers import KlgradSampler
     from klgrad.trainer import latest_checkpoint
 
     model_dir = reference_path(cfg)
@@ -150,7 +150,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
         )
         out.update(exact_kl=tk["kl"], exact_kl_pruned_mass=tk["pruned_mass"], exact_kl_nodes=tk["nodes"])
     gen = torch.Generator().manual_seed(12345)
-    r = KVCacheSampler(tok.eos_token_id, tok.pad_token_id).generate(
+    r = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(
         policy,
         ids,
         mask,

@@ -37,7 +37,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """None when :class:`FastLlama` reproduces ``model``'s forward, else a short reason."""
+    """None when :class:`FastForward` reproduces ``model``'s forward, else a short reason."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES:
         return f"model_type {getattr(cfg, 'model_type', None)!r} not in {SUPPORTED_MODEL_TYPES}"
@@ -87,10 +87,10 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class FastLlama:
+class FastForward:
     """Prefill and one-token decode steps of a supported HF causal LM, with a static KV cache.
 
-    Use: ``dec = FastLlama(model)``; ``logits = dec.prefill(ids, mask, group_size, max_new_tokens)`` gives
+    Use: ``dec = FastForward(model)``; ``logits = dec.prefill(ids, mask, group_size, max_new_tokens)`` gives
     (N, V) next-token logits for N = P·group_size rows (each prompt's cache copied to its G rows); then
     ``logits = dec.step(tokens)`` appends one token per row and gives the next (N, V) logits.
     No gradients (call under ``torch.no_grad()``).
@@ -99,7 +99,7 @@ class FastLlama:
     def __init__(self, model: torch.nn.Module) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
-            raise ValueError(f"FastLlama does not support this model: {reason}")
+            raise ValueError(f"FastForward does not support this model: {reason}")
         cfg = model.config
         self.model = model
         self.inner = model.model
@@ -112,7 +112,7 @@ class FastLlama:
         self.inv_freq = rotary.inv_freq.float()  # (d/2,)
         self.rope_scale = float(rotary.attention_scaling)
         # one matmul for q, k, v and one for gate, up: concatenated once per rollout (the weights of this
-        # moment; a later optimizer step needs a new FastLlama, which the sampler makes per call)
+        # moment; a later optimizer step needs a new FastForward, which the sampler makes per call)
         self.qkv = [
             _fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers
         ]
@@ -257,7 +257,7 @@ class FastLlama:
             self.bias, self.next_pos = self.bias[keep], self.next_pos[keep]
         s = self.filled
         if s >= self.k_cache.shape[3]:
-            raise RuntimeError("FastLlama cache full: more steps than max_new_tokens")
+            raise RuntimeError("FastForward cache full: more steps than max_new_tokens")
         self.bias[:, s] = 0.0  # the new slot is attended from now on
         bias = self.bias[:, None, None, : s + 1]  # (R, 1, 1, s+1)
         dtype = self.k_cache.dtype
@@ -274,3 +274,7 @@ class FastLlama:
         self.filled = s + 1
         self.next_pos = self.next_pos + 1
         return self._logits(x)  # (R, V)
+
+
+FastLlama = FastForward
+"""The former name of :class:`FastForward` (it runs Llama, Qwen2 and Mistral)."""

@@ -3,7 +3,8 @@
 - :func:`math_verify_reward` — Math-Verify equality with the gold answer, bounded in time and size;
 - :func:`regex_format_reward`, :data:`FORMAT_PATTERNS` — format checks per task;
 - :func:`load_reward_fn`, :class:`RewardSpec`, :func:`compute_rewards` — TRL-signature reward functions
-  by name or ``module:function``, evaluated with failures isolated and counted.
+  by name or ``module:function``, evaluated with failures isolated and counted;
+  :func:`merge_rewards` joins the results of consecutive row blocks (ranks).
 """
 
 from klgrad.rewards.accuracy import math_verify_reward
@@ -17,6 +18,7 @@ from klgrad.rewards.registry import (
     compute_rewards,
     format_reward,
     load_reward_fn,
+    merge_rewards,
 )
 
 __all__ = [
@@ -32,5 +34,6 @@ __all__ = [
     "load_reward_fn",
     "make_format_reward",
     "math_verify_reward",
+    "merge_rewards",
     "regex_format_reward",
 ]

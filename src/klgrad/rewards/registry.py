@@ -145,6 +145,20 @@ class RewardResult:
         return out
 
 
+def merge_rewards(parts: list[RewardResult]) -> RewardResult:
+    """The reward results of consecutive row blocks (ranks, in order) as one result over all rows."""
+    if len(parts) == 1:
+        return parts[0]
+    failing = {name for p in parts for name in p.failures}
+    erring = {name for p in parts for name in p.errors}
+    return RewardResult(
+        total=[v for p in parts for v in p.total],
+        per_function={name: [v for p in parts for v in p.per_function[name]] for name in parts[0].per_function},
+        failures={name: sum(p.failures.get(name, 0) for p in parts) for name in failing},
+        errors={name: [e for p in parts for e in p.errors.get(name, [])] for name in erring},
+    )
+
+
 _TIMEOUT = object()
 
 

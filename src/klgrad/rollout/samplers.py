@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from klgrad.models.fast_forward import FastLlama, unsupported_reason
+from klgrad.models.fast_forward import FastForward, unsupported_reason
 
 
 @dataclass
@@ -143,21 +143,28 @@ COMPACT_BELOW = 0.75
 are dropped from the cache (one copy of the cache each time, so at most a few copies per rollout)."""
 
 
-class KVCacheSampler:
+class KlgradSampler:
     """klgrad's batched sampler: prefill each prompt once, copy its KV cache to the G samples, decode.
 
     Llama-family models (llama, qwen2, mistral; see :mod:`klgrad.models.fast_forward`) decode through
-    :class:`~klgrad.models.fast_forward.FastLlama`, a functional forward on the model's own weights with a
-    static cache; ``fast=False``, or any other HF causal LM that accepts ``past_key_values`` and
-    ``position_ids``, uses the transformers forward with a ``DynamicCache``. Decoding stops when every
-    response has produced EOS or after ``max_new_tokens`` steps.
+    :class:`~klgrad.models.fast_forward.FastForward`, a functional forward on the model's own weights with a
+    static cache; ``fast_forward=False`` (config ``model.fast_forward``), or any other HF causal LM that accepts
+    ``past_key_values`` and ``position_ids``, uses the transformers forward with a ``DynamicCache``. Decoding
+    stops when every response has produced EOS or after ``max_new_tokens`` steps.
     """
 
-    def __init__(self, eos_id: int, pad_id: int, *, fast: bool = True) -> None:
-        self.eos_id, self.pad_id, self.fast = eos_id, pad_id, fast
+    def __init__(self, eos_id: int, pad_id: int, *, fast_forward: bool = True, fast: bool | None = None) -> None:
+        """``fast``: the former name of ``fast_forward``."""
+        self.eos_id, self.pad_id = eos_id, pad_id
+        self.fast_forward = fast_forward if fast is None else fast
+
+    @property
+    def fast(self) -> bool:
+        """The former name of :attr:`fast_forward`."""
+        return self.fast_forward
 
     def uses_fast_path(self, model: torch.nn.Module) -> bool:
-        return self.fast and unsupported_reason(model) is None
+        return self.fast_forward and unsupported_reason(model) is None
 
     @torch.no_grad()
     def generate(
@@ -178,7 +185,7 @@ class KVCacheSampler:
         prompt_mask = prompt_mask.bool()
         fast = self.uses_fast_path(model)
         if fast:
-            decoder = FastLlama(model)
+            decoder = FastForward(model)
             last_logits = decoder.prefill(prompt_ids, prompt_mask, group_size, max_new_tokens)  # (N, V)
             advance = decoder.step
         else:
@@ -309,18 +316,22 @@ def _vllm_sampler(eos_id: int, pad_id: int, **options) -> Sampler:
     return VLLMSampler(eos_id, pad_id, **options)
 
 
-SAMPLERS = {"klgrad": KVCacheSampler, "hf": HFGenerateSampler, "vllm": _vllm_sampler}
+KVCacheSampler = KlgradSampler
+"""The former name of :class:`KlgradSampler`."""
+
+SAMPLERS = {"klgrad": KlgradSampler, "hf": HFGenerateSampler, "vllm": _vllm_sampler}
 
 
 def make_sampler(engine: str, eos_id: int, pad_id: int, **options) -> Sampler:
     """``klgrad`` (KV-cache), ``hf`` (transformers generate) or ``vllm`` (GPU; built lazily).
 
-    ``options``: ``fast`` for ``klgrad`` (see :class:`KVCacheSampler`); the vLLM sampler's own (see
+    ``options``: ``fast_forward`` (or its former name ``fast``) for ``klgrad`` (see :class:`KlgradSampler`); the
+    vLLM sampler's own (see
     :class:`klgrad.rollout.vllm_engine.VLLMSampler`).
     """
     if engine not in SAMPLERS:
         raise ValueError(f"rollout.engine must be one of {sorted(SAMPLERS)}, got {engine!r}")
-    allowed = {"klgrad": {"fast"}, "hf": set()}.get(engine)
+    allowed = {"klgrad": {"fast_forward", "fast"}, "hf": set()}.get(engine)
     if allowed is not None and set(options) - allowed:
         raise ValueError(f"rollout.engine {engine!r} takes only {sorted(allowed)}, got {sorted(options)}")
     return SAMPLERS[engine](eos_id, pad_id, **options)

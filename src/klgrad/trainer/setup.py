@@ -1,0 +1,218 @@
+"""A run's setup: data, models, sampler, optimizer and schedule, resumed state; everything the loop holds.
+
+Nothing here writes into the run directory except :func:`setup_run` (which runs under the directory's lock).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from klgrad.config import Config, ConfigError
+from klgrad.data.example import Example
+from klgrad.data.loaders import load_examples
+from klgrad.data.tasks import make_splits
+from klgrad.distributed import Dist
+from klgrad.models import disable_dropout, load_model_and_tokenizer
+from klgrad.rewards import RewardSpec
+from klgrad.rollout.samplers import Sampler, make_sampler
+from klgrad.schedule import lr_factor
+from klgrad.trainer.checkpoints import latest_checkpoint, load_checkpoint
+from klgrad.trainer.record import RunRecord, read_jsonl, write_run_files
+from klgrad.trainer.update import LogprobFn, PolicyLogprobs, make_logprob_fn
+
+EMBEDDED_DIR = Path(__file__).parent.parent / "assets"
+"""Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_addition_discovery``, ``tiny_scratchpad``), made
+by ``klgrad sft``."""
+
+
+def reference_path(cfg: Config) -> Path:
+    """The model to start from: ``model.path`` or the embedded reference of the synthetic task."""
+    if cfg.model.path:
+        return Path(cfg.model.path)
+    task = cfg.data.task if cfg.data.task != "file" else "addition"
+    return EMBEDDED_DIR / f"tiny_{task}"
+
+
+def load_data(cfg: Config) -> tuple[list[Example], list[Example]]:
+    """(training prompts, held-out prompts): the synthetic task's splits, or a data file's rows (the first
+    ``min(data.n_eval, rows / 5)`` held out)."""
+    if cfg.data.task == "file":
+        res = load_examples(
+            cfg.data.path,
+            prompt_column=cfg.data.prompt_column,
+            answer_column=cfg.data.answer_column,
+            skip_bad_rows=cfg.data.skip_bad_rows,
+        )
+        examples = [
+            dataclasses.replace(e, meta={**e.meta, "task": cfg.data.response_format}) for e in res.examples
+        ]  # the format reward reads its pattern from the task column
+        n_eval = min(cfg.data.n_eval, max(1, len(examples) // 5))
+        return examples[n_eval:] or examples, examples[:n_eval]
+    train, heldout = make_splits(cfg.data.task, cfg.data.n_train, cfg.data.n_eval, cfg.data.seed, cfg.data.digits)
+    return train, heldout
+
+
+def reward_specs(cfg: Config) -> list[RewardSpec]:
+    """Built-in names (accuracy, format) or ``module:function`` (TRL signature), weighted."""
+    return [RewardSpec.load(f.name, f.weight) for f in cfg.reward.functions]
+
+
+def resolve_device(setting: str, world: int) -> torch.device:
+    """``model.device``: auto = cuda when torch sees a GPU, else cpu. Several processes run on the CPU (the
+    distributed path is verified with gloo on CPU only; a GPU run there is refused rather than untested)."""
+    if world > 1:
+        if setting not in ("auto", "cpu"):
+            raise ConfigError(f"model.device {setting!r}: distributed runs are CPU-only for now (docs/distributed.md)")
+        return torch.device("cpu")
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+def sampler_options(cfg: Config) -> dict:
+    """The rollout engine's own options from the config."""
+    if cfg.rollout.engine == "klgrad":
+        return {"fast_forward": cfg.model.fast_forward}
+    if cfg.rollout.engine == "vllm":
+        return {"seed": cfg.train.seed}
+    return {}
+
+
+@dataclass
+class Run:
+    """Everything a run holds between steps."""
+
+    cfg: Config
+    dist: Dist
+    run_dir: Path
+    policy: torch.nn.Module
+    """The trained model (plain: rollout, no-grad passes, checkpoints)."""
+    ref: torch.nn.Module
+    """The reference π_ref (frozen; reloaded from the policy every ``kl.reset_ref_every`` steps)."""
+    tokenizer: object
+    sampler: Sampler
+    logprob_fn: LogprobFn
+    train_model: torch.nn.Module
+    """:class:`~klgrad.trainer.update.PolicyLogprobs` of the policy, DDP-wrapped under accelerate."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    train_set: list[Example]
+    eval_set: list[Example]
+    specs: list[RewardSpec]
+    device: torch.device
+    record: RunRecord
+    beta: float
+    """The current KL weight (changes under an adaptive β, ``kl.target_kl``)."""
+    start: int
+    """Steps done before this call (a resumed run's checkpoint step)."""
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.cfg.algo.ppo_epochs * self.cfg.algo.mini_batches
+
+    @property
+    def off_policy(self) -> bool:
+        """More than one optimizer step per rollout: every step after the first is off-policy."""
+        return self.updates_per_step > 1
+
+
+def load_policy_and_reference(cfg: Config, model_dir: Path, device: torch.device):
+    """(policy, reference, tokenizer): two copies of the starting model, dropout off in both (every log-prob
+    klgrad compares, behaviour, current and reference, must be of one deterministic policy, in train mode or
+    eval mode, with the fast forward or transformers'); the reference frozen."""
+    attn = None if cfg.model.attn_implementation == "auto" else cfg.model.attn_implementation
+    load = dict(dtype=cfg.model.dtype, attn_implementation=attn, device=device)
+    policy, tokenizer = load_model_and_tokenizer(model_dir, **load)
+    ref, _ = load_model_and_tokenizer(model_dir, **load)
+    disable_dropout(policy)
+    disable_dropout(ref)
+    ref.eval().requires_grad_(False)
+    policy.train()
+    return policy, ref, tokenizer
+
+
+def make_optimizer(cfg: Config, policy: torch.nn.Module):
+    """AdamW and its learning-rate schedule, stepped once per optimizer update (``lr_factor`` of the step)."""
+    optimizer = torch.optim.AdamW(
+        policy.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+    )
+    updates_per_step = cfg.algo.ppo_epochs * cfg.algo.mini_batches
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda k: lr_factor(k // updates_per_step, cfg.train.steps, cfg.optim.warmup_steps, cfg.optim.schedule),
+    )
+    return optimizer, scheduler
+
+
+def resume_or_create(run_dir: Path, dist: Dist, resume: bool, policy, ref, optimizer, scheduler, beta: float):
+    """(start step, β): a resumed run's last valid checkpoint loaded on every rank (rank 0 repairs the pointer
+    and drops metrics of steps after it), or a new run directory (refused when it already holds a run)."""
+    metrics_path = run_dir / "metrics.jsonl"
+    start = 0
+    if resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is not None:
+            start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)
+        dist.barrier()  # every rank has read the checkpoint before rank 0 writes anything
+        if dist.is_main:
+            if ckpt is not None:
+                (ckpt.parent / "latest").write_text(ckpt.name)  # repair a pointer left behind by a kill
+            kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop steps after the checkpoint
+            run_dir.mkdir(parents=True, exist_ok=True)
+            metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return start, beta
+    if metrics_path.exists():
+        raise FileExistsError(f"{run_dir} already holds a run; use --resume or another train.out_dir")
+    dist.barrier()  # every rank has checked before rank 0 creates the run
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return start, beta
+
+
+def setup_run(
+    cfg: Config,
+    dist: Dist,
+    data: tuple[list[Example], list[Example]],
+    specs: list[RewardSpec],
+    model_dir: Path,
+    device: torch.device,
+    resume: bool,
+) -> Run:
+    """Load the models, build the sampler and optimizer, resume or create the run directory, write the run's
+    files and open its record. Called under the run directory's lock."""
+    run_dir = Path(cfg.train.out_dir)
+    policy, ref, tokenizer = load_policy_and_reference(cfg, model_dir, device)
+    sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **sampler_options(cfg))
+    optimizer, scheduler = make_optimizer(cfg, policy)
+    start, beta = resume_or_create(run_dir, dist, resume, policy, ref, optimizer, scheduler, cfg.kl.beta)
+    # the training forward goes through the prepared (DDP) log-prob module; rollout, reference and evaluation
+    # use the plain model
+    logprob_fn = make_logprob_fn(cfg.rollout.temperature, fast_forward=cfg.model.fast_forward)
+    train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn), optimizer)
+    if dist.is_main:
+        write_run_files(cfg, run_dir, model_dir, dist.world)
+    return Run(
+        cfg=cfg,
+        dist=dist,
+        run_dir=run_dir,
+        policy=policy,
+        ref=ref,
+        tokenizer=tokenizer,
+        sampler=sampler,
+        logprob_fn=logprob_fn,
+        train_model=train_model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_set=data[0],
+        eval_set=data[1],
+        specs=specs,
+        device=device,
+        record=RunRecord(cfg, run_dir, active=dist.is_main),
+        beta=beta,
+        start=start,
+    )

@@ -1,0 +1,289 @@
+"""The update: ``ppo_epochs`` × ``mini_batches`` optimizer steps on one step's rollout.
+
+A step's rows are split into mini-batches of whole groups (mini-batch k holds groups k, k+M, k+2M, ...), each
+accumulated over micro-batches whose normalisers are the global mini-batch's (counted before splitting), so the
+micro-batch size never changes the gradient. Advantages come from the whole step's batch. Under ``accelerate
+launch`` the collectives are :class:`~klgrad.distributed.Dist`'s; the math (:mod:`klgrad.objective`,
+:mod:`klgrad.kl`, :mod:`klgrad.advantages`) never sees them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from klgrad.config import Config
+from klgrad.distributed import Dist
+from klgrad.kl import get_kl_head
+from klgrad.logprobs import sequence_logprobs
+from klgrad.objective import (
+    ObjectiveSpec,
+    combined_advantages,
+    decoupled_advantages,
+    objective_diagnostics,
+    policy_objective,
+)
+from klgrad.trainer.faults import fault, nan_injected
+
+LogprobFn = Callable[[torch.nn.Module, Tensor, Tensor, int, bool], tuple[Tensor, Tensor | None]]
+"""``fn(model, input_ids, attention_mask, response_start, with_entropy) -> (logp, entropy)``, (n, T) each."""
+
+SINGLE = Dist()
+"""One process: every collective is the identity."""
+
+
+@dataclass
+class Batch:
+    """This process's rows of one step's rollout, everything the update needs; (n, T) response-aligned tensors.
+
+    In a single process these are all the step's rows; under ``accelerate launch`` the rank's contiguous
+    whole groups, with T the width of the whole step's batch. L is the (left-padded) prompt width.
+    """
+
+    input_ids: Tensor
+    """(n, L + T) prompt and response token ids."""
+    attention_mask: Tensor
+    """(n, L + T) 1 at real tokens."""
+    response_start: int
+    """L: the column where responses start."""
+    mask: Tensor
+    """(n, T) bool, True at response tokens (up to and including EOS)."""
+    rewards: Tensor
+    """(n,) total reward of each response."""
+    ref_logp: Tensor
+    """(n, T) reference log-probs (no grad)."""
+    old_logp: Tensor | None
+    """(n, T) behaviour log-probs of the rollout policy from the trainer's forward; None when on-policy."""
+    mismatch_weights: Tensor | None = None
+    """(n, T) truncated-IS weights for a sampler whose log-probs differ from the trainer's (vLLM), or None."""
+
+    @property
+    def behaviour_weights(self) -> Tensor | None:
+        """The former name of :attr:`mismatch_weights`."""
+        return self.mismatch_weights
+
+
+@dataclass
+class UpdateStats:
+    """Means over the step's optimizer updates (losses, entropy: per global mini-batch; clip and ratio
+    statistics: sequence-weighted over the mini-batch) and how many updates a non-finite value skipped."""
+
+    policy_loss: float = 0.0
+    kl_loss: float = 0.0
+    entropy: float = 0.0
+    """Mean per-token entropy of the policy over the mini-batch's response tokens."""
+    clip_frac: float = 0.0
+    kl_clip_frac: float = 0.0
+    ratio_mean: float = 0.0
+    ratio_max: float = 0.0
+    grad_norm: float = 0.0
+    """Global gradient norm before clipping."""
+    skipped_updates: int = 0
+
+
+SHARED_STATS = ("policy_loss", "kl_loss", "entropy", "clip_frac", "kl_clip_frac", "ratio_mean", "ratio_max")
+"""The :class:`UpdateStats` fields each rank holds a share of (summed over ranks; the grad norm is global)."""
+
+
+class PolicyLogprobs(torch.nn.Module):
+    """The policy's response log-probs (and entropies) as a module: what the training forward differentiates.
+
+    Under accelerate this module is what DDP wraps, so the ranks run the very computation of one process
+    (``logprob_fn`` on the plain model, with its fast paths: shared-prompt forward, ``logits_to_keep``) and
+    DDP's hooks on the policy's parameters all-reduce their gradients.
+    """
+
+    def __init__(self, policy: torch.nn.Module, logprob_fn: LogprobFn) -> None:
+        super().__init__()
+        self.policy = policy
+        self.logprob_fn = logprob_fn
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, response_start: int, with_entropy: bool):
+        return self.logprob_fn(self.policy, input_ids, attention_mask, response_start, with_entropy)
+
+
+def make_logprob_fn(temperature: float, fast_forward: bool = True, *, shared_prompts: bool | None = None) -> LogprobFn:
+    """The :data:`LogprobFn` at ``temperature``; ``fast_forward`` (``model.fast_forward``) lets Llama-family models
+    forward each group's shared prompt once (:func:`klgrad.logprobs.sequence_logprobs`). ``shared_prompts`` is
+    the former name of ``fast_forward``."""
+    fast_forward = fast_forward if shared_prompts is None else shared_prompts
+
+    def fn(model, input_ids, attention_mask, response_start, with_entropy):
+        return sequence_logprobs(
+            model,
+            input_ids,
+            attention_mask,
+            response_start,
+            temperature,
+            with_entropy=with_entropy,
+            fast_forward=fast_forward,
+        )
+
+    return fn
+
+
+def objective_spec(cfg: Config, beta: float | None = None) -> ObjectiveSpec:
+    """The loss, from the config (``beta``: the current value of an adaptive β)."""
+    return ObjectiveSpec.from_config(cfg, beta)
+
+
+def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
+    """Rows of each mini-batch among ``n`` rows of whole groups: mini-batch k holds groups k, k+M, k+2M, ...
+
+    The rule does not depend on how the step's batch is split over processes: a rank owning P/W contiguous
+    groups (P/W divisible by M) contributes exactly its groups of mini-batch k, so the union over ranks is the
+    single-process mini-batch.
+    """
+    groups = torch.arange(n).view(-1, group_size)  # (n / G, G)
+    return [groups[k::mini_batches].reshape(-1) for k in range(mini_batches)]
+
+
+def step_advantages(batch: Batch, cur_logp: Tensor | None, cfg: Config, spec: ObjectiveSpec, dist: Dist) -> Tensor:
+    """(n, T) advantages of this rank's rows, from the whole step's batch (batch-level shaping and the combined
+    form's statistics are global; each rank gathers the batch and keeps its rows)."""
+    rewards, mask = dist.gather(batch.rewards), dist.gather(batch.mask)  # (N,), (N, T)
+    if spec.form == "combined":
+        adv = combined_advantages(
+            rewards,
+            get_kl_head(cfg.kl.head),
+            dist.gather(cur_logp),
+            dist.gather(batch.ref_logp),
+            mask,
+            beta=spec.beta,
+            level=cfg.kl.level,
+            group_size=cfg.rollout.group_size,
+            method=cfg.algo.shaping,
+            std_min=cfg.algo.std_min,
+            std_max=cfg.algo.std_max,
+        )  # (N, T) recomputed every epoch from the current policy
+    else:
+        adv = decoupled_advantages(
+            rewards, mask, cfg.rollout.group_size, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max
+        )  # (N, T)
+    return dist.local_rows(adv)  # (n, T)
+
+
+def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
+    return None if x is None else x[rows]
+
+
+def accumulate_micro_batch(
+    train_model: torch.nn.Module,
+    batch: Batch,
+    rows: Tensor,
+    adv: Tensor,
+    spec: ObjectiveSpec,
+    *,
+    num_sequences: int,
+    num_tokens: int,
+    scale: float,
+    nan: bool,
+    totals: UpdateStats,
+) -> bool:
+    """Forward and backward of micro-batch ``rows`` (m,) with the global normalisers; gradients accumulate in
+    the parameters, the micro-batch's shares of the statistics in ``totals``. Returns whether its loss is
+    finite. ``scale``: the world size W (DDP averages gradients over ranks); ``nan``: the fault hook's NaN."""
+    logp, entropy = train_model(batch.input_ids[rows], batch.attention_mask[rows], batch.response_start, True)
+    mask = batch.mask[rows]
+    old_logp = _rows(batch.old_logp, rows)
+    terms = policy_objective(
+        logp,
+        batch.ref_logp[rows],
+        mask,
+        adv[rows],
+        spec,
+        old_logp=old_logp,
+        entropy=entropy,
+        num_sequences=num_sequences,
+        num_tokens=num_tokens,
+        mismatch_weights=_rows(batch.mismatch_weights, rows),
+    )
+    loss = terms.loss * float("nan") if nan else terms.loss
+    finite = bool(torch.isfinite(loss))
+    (loss * scale).backward()
+    totals.policy_loss += float(terms.policy_loss)
+    totals.kl_loss += float(terms.kl_loss)
+    totals.entropy += float(torch.where(mask, entropy.detach(), 0.0).sum()) / max(num_tokens, 1)
+    diag = objective_diagnostics(logp, batch.ref_logp[rows], mask, adv[rows], spec, old_logp=old_logp)
+    m = rows.numel()  # weighted by the micro-batch's share m / num_sequences of the mini-batch's sequences
+    totals.clip_frac += diag["clip_frac"] * m / num_sequences
+    totals.kl_clip_frac += diag["kl_clip_frac"] * m / num_sequences
+    totals.ratio_mean += diag["ratio_mean"] * m / num_sequences
+    totals.ratio_max += diag["ratio_max"] * m / num_sequences
+    return finite
+
+
+def update(
+    policy: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    cfg: Config,
+    spec: ObjectiveSpec,
+    logprob_fn: LogprobFn,
+    record_step: int = 0,
+    dist: Dist = SINGLE,
+    train_model: torch.nn.Module | None = None,
+) -> UpdateStats:
+    """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns the mean statistics.
+
+    A non-finite loss or gradient norm (on any rank) skips that optimizer step: gradients are dropped, weights
+    and AdamW state stay untouched, and ``skipped_updates`` counts it.
+
+    ``policy`` is the plain model (no-grad passes); ``train_model`` the :class:`PolicyLogprobs` the loss is
+    differentiated through (DDP-wrapped under accelerate; default: of ``policy``). Normalisers are the global
+    mini-batch's, and the loss is scaled by the world size W because DDP averages gradients over ranks: the
+    summed gradient equals the single-process one. Statistics are summed over ranks (grad norm: already global).
+    """
+    train_model = PolicyLogprobs(policy, logprob_fn) if train_model is None else train_model
+    n = batch.mask.shape[0]
+    mini_batches = mini_batch_rows(n, cfg.rollout.group_size, cfg.algo.mini_batches)
+    n_seq = n * dist.world // cfg.algo.mini_batches  # sequences per global mini-batch
+    tokens = [int(t) for t in dist.sum([float(batch.mask[rows].sum()) for rows in mini_batches])]  # per global one
+    size = cfg.algo.micro_batch_size
+    totals = UpdateStats()
+    updates = 0
+    inject_nan = nan_injected(record_step)
+    for _epoch in range(cfg.algo.ppo_epochs):
+        cur_logp = None
+        if spec.form == "combined":  # the KL coefficient uses the current policy: recomputed every epoch
+            with torch.no_grad():
+                cur_logp, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
+        adv = step_advantages(batch, cur_logp, cfg, spec, dist)  # (n, T)
+        for rows, n_tok in zip(mini_batches, tokens, strict=True):
+            optimizer.zero_grad(set_to_none=True)
+            finite = True
+            starts = range(0, rows.numel(), size)
+            for start in starts:
+                with dist.no_sync(train_model, sync=start == starts[-1]):  # DDP all-reduces after the last one
+                    finite &= accumulate_micro_batch(
+                        train_model,
+                        batch,
+                        rows[start : start + size],
+                        adv,
+                        spec,
+                        num_sequences=n_seq,
+                        num_tokens=n_tok,
+                        scale=dist.world,
+                        nan=inject_nan,
+                        totals=totals,
+                    )
+            finite = dist.all_true(finite)
+            grad_norm = dist.clip_grad_norm_(train_model, cfg.optim.grad_clip or float("inf"))
+            totals.grad_norm += float(grad_norm)
+            updates += 1
+            if not (finite and math.isfinite(float(grad_norm))):
+                optimizer.zero_grad(set_to_none=True)  # skip: weights and optimizer state untouched
+                totals.skipped_updates += 1
+                continue
+            optimizer.step()
+            if updates == 1:
+                fault("update", record_step)
+    shared = dist.sum([getattr(totals, name) for name in SHARED_STATS])  # each rank holds its share
+    totals = dataclasses.replace(totals, **dict(zip(SHARED_STATS, shared, strict=True)))
+    means = {name: getattr(totals, name) / updates for name in (*SHARED_STATS, "grad_norm")}
+    return dataclasses.replace(totals, **means)
