@@ -560,7 +560,7 @@ def test_exp_linear_tail():
 
 
 def test_k1_as_loss_warns_once_per_process(monkeypatch):
-    monkeypatch.setattr(kl, "_warned_k1_as_loss", False)
+    monkeypatch.setattr(kl.heads, "_warned_k1_as_loss", False)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         h1 = get_kl_head("k1_as_loss")
