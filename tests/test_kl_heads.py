@@ -1,4 +1,4 @@
-"""Tests for klgrad.kl: estimators, heads, coefficients and the KL loss.
+"""Tests for klgrad.kl: estimators, the head registry, coefficients and the KL loss.
 
 Every test here would fail if the math were wrong: hand-worked values (math in the comments), exact
 enumeration of expectations, autograd as the reference for coefficients, a plain-Python loop as the
@@ -6,7 +6,7 @@ reference for token_to_go, and property tests (hypothesis) for padding, finitene
 All numerics are float64 with tight tolerances (rtol/atol 1e-12 or bitwise equality) unless a test is
 about float32.
 
-Tests marked ``# Regression`` document defects this file found in kl.py (cancellation near u = 0), since
+Tests marked ``# Regression`` document defects this file found in klgrad.kl (cancellation near u = 0), since
 fixed.
 
 Tolerances: these checks run in float64 (u = 2^-53 ≈ 1.1e-16) on closed forms and enumerations of at most a few
@@ -92,7 +92,7 @@ def t64(xs) -> torch.Tensor:
 
 
 def closed_coefficient(name: str, l: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """SPEC §4 table, written independently of kl.py (naive float64 formulas)."""
+    """The coefficient column of docs/math.md, “KL heads”, written independently of klgrad.kl (naive float64)."""
     u = l - r
     return {
         "none": torch.zeros_like(u),
@@ -148,7 +148,7 @@ def head(name: str):
 
 
 # --------------------------------------------------------------------------------------------------
-# 1. kl_estimate (SPEC §3)
+# 1. kl_estimate (docs/math.md, “Value estimators”)
 
 
 def test_registry_names_and_styles():
@@ -231,7 +231,7 @@ def test_k2_is_biased_hand_example():
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. coefficients and styles (SPEC §4)
+# 2. coefficients and styles (docs/math.md, “KL heads”)
 
 
 def test_coefficients_hand_values():
@@ -502,7 +502,7 @@ def test_heads_and_kl_loss_finite_on_extreme_inputs(data, dtype):
     assert (c3[u > EXP_CAP] > 0).all()
 
 
-# Documented bound (kl.py module docstring): a head sees |x| <= 1e18; at sequence level x are the sums.
+# Documented bound (klgrad.kl's module docstring): a head sees |x| <= 1e18; at sequence level x are the sums.
 # Inside it the float32 loss is finite; beyond it (½U² > 3.4e38) only the gradient is promised finite.
 def test_kl_loss_sequence_level_float32_bound_is_on_the_sums():
     T = 20
@@ -758,7 +758,8 @@ def test_is_correction_false_is_the_on_policy_computation(name):
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
 def test_clip_side_single_sequence(name, ratio_level):
     # One sequence, sequence level; shift old_logp on one token so the ratio (token 0, and the sequence
-    # ratio) is ρ = e^{δ}. Loss max(ρc, clip(ρ, 0.8, 1.2)c) (SPEC §7):
+    # ratio) is ρ = e^{δ}. Loss max(ρc, clip(ρ, 0.8, 1.2)c) (docs/math.md, “Off-policy: importance sampling and
+    # the clip side”):
     #   c > 0: ρ = 1.5 -> unclipped, gradient ρ c > 0 flows (pushes logp down); ρ = 0.5 -> exactly 0.
     #   c < 0: ρ = 0.5 -> gradient ρ c < 0 flows (pushes logp up); ρ = 1.5 -> exactly 0.
     eps = 0.2
@@ -914,7 +915,8 @@ def test_expected_gradient_by_enumeration(name, level, target):
 
 
 def test_token_level_k2_is_not_the_sequence_rkl_gradient():
-    # SPEC §5: per-token k2 misses the future terms; its expected gradient differs from ∇ KL(π‖π_ref)
+    # per-token k2 misses the future terms (docs/math.md, “Where a head acts: level”); its expected gradient
+    # differs from ∇ KL(π‖π_ref)
     est, params, (logp, _, _), (ref_logp, _, _), prob = _expected_gradient("k2_as_loss", "token")
     want = torch.autograd.grad((prob * (logp.sum(-1) - ref_logp.sum(-1))).sum(), params)
     assert max((e - w).abs().max().item() for e, w in zip(est, want, strict=True)) > 1e-3
