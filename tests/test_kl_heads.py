@@ -17,10 +17,12 @@ their own derivation beside them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import warnings
 from decimal import Decimal, localcontext
+from typing import get_args
 
 import pytest
 import torch
@@ -34,6 +36,8 @@ from klgrad.kl import (
     LEVELS,
     MAX_LOG_RATIO,
     RATIO_LEVELS,
+    HeadName,
+    KLHead,
     clipped_surrogate_penalty,
     custom_kl_head,
     exp_linear_tail,
@@ -557,6 +561,68 @@ def test_exp_linear_tail():
 
 # --------------------------------------------------------------------------------------------------
 # 6. registry
+
+WITH_PENALTY = tuple(name for name, h in KL_HEADS.items() if h.penalty_fn is not None)  # from the registry itself
+
+
+def test_registry_names_are_the_head_name_literal():
+    # the config's choices (HeadName) and the registry are one list, in one order (the docs table's)
+    assert tuple(KL_HEADS) == get_args(HeadName) == HEAD_NAMES
+    assert WITH_PENALTY == AS_LOSS
+
+
+@pytest.mark.parametrize("name", WITH_PENALTY)
+def test_every_record_coefficient_fn_is_the_gradient_of_its_penalty_fn(name):
+    # The record's pure functions themselves (paper eq. kn′): coefficient_fn(l̄, r) = ∂ penalty_fn / ∂l at l̄, on
+    # both sides of the exp cap (u up to ~±30), and autograd_coefficient (what custom heads use) agrees.
+    h = KL_HEADS[name]
+    logp, ref, _, _ = make_batch(16, 4, 7, u_scale=8.0)
+    x = logp.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(h.penalty_fn(x, ref).sum(), x)
+    torch.testing.assert_close(h.coefficient_fn(logp, ref), g, **TIGHT)
+    torch.testing.assert_close(kl.autograd_coefficient(h.penalty_fn, logp, ref), g, rtol=0, atol=0)
+
+
+def test_records_share_functions_where_the_heads_are_gradient_twins():
+    # in-reward twins of as-loss heads use the very same coefficient function (no subclassing)
+    assert KL_HEADS["k1_in_reward"].coefficient_fn is KL_HEADS["k2_as_loss"].coefficient_fn
+    assert KL_HEADS["k3_in_reward"].coefficient_fn is KL_HEADS["k3_as_loss"].coefficient_fn
+    for name, h in KL_HEADS.items():
+        assert (h.penalty_fn is None) == (h.style != "as_loss"), name
+
+
+def test_records_are_frozen_and_a_penalty_goes_with_the_as_loss_style():
+    h = KL_HEADS["k2_as_loss"]
+    assert repr(h) == "KLHead(name='k2_as_loss', style='as_loss')"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h.style = "in_reward"  # type: ignore[misc]
+    common = {"targets": {}, "coefficient_formula": "u", "verdict": "x"}
+    with pytest.raises(ValueError, match="as_loss"):
+        KLHead(name="a", style="in_reward", coefficient_fn=kl.log_ratio_coefficient, penalty_fn=kl.k2_penalty, **common)
+    with pytest.raises(ValueError, match="as_loss"):
+        KLHead(name="b", style="as_loss", coefficient_fn=kl.log_ratio_coefficient, **common)
+
+
+def test_custom_kl_head_is_a_record():
+    def quartic(l, r):
+        """ψ = (l - r)^4 / 4."""
+        return (l - r) ** 4 / 4
+
+    h = custom_kl_head(quartic, "quartic")
+    assert isinstance(h, KLHead)
+    assert (h.name, h.style) == ("quartic", "as_loss")
+    assert repr(h) == "KLHead(name='quartic', style='as_loss')"
+    assert h.targets == {"sequence": None, "token_to_go": None, "token": None}
+    assert h.doc.startswith("ψ = (l - r)^4 / 4.")
+    assert get_kl_head(h) is h
+
+
+def test_adaptive_beta_is_a_clipped_proportional_controller():
+    # β·(1 + rate·clip(KL/target - 1, -0.2, 0.2)/0.2): KL at 2× (½×) the target clips the error to +0.2 (-0.2)
+    assert kl.adaptive_beta(1.0, 2.0, 1.0, 0.1) == pytest.approx(1.1)
+    assert kl.adaptive_beta(1.0, 0.5, 1.0, 0.1) == pytest.approx(0.9)
+    assert kl.adaptive_beta(2.0, 1.1, 1.0, 0.1) == pytest.approx(2.0 * (1.0 + 0.1 * 0.1 / 0.2))  # inside the clip
+    assert kl.adaptive_beta(2.0, 1.0, 1.0, 0.1) == 2.0  # on target: unchanged
 
 
 def test_k1_as_loss_warns_once_per_process(monkeypatch):
