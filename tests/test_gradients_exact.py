@@ -91,7 +91,7 @@ def test_exact_rkl_gradient_matches_finite_differences():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# on-policy claims (SPEC §4, §5)
+# on-policy claims (docs/math.md, “KL heads” and “Where a head acts: level”)
 
 
 @pytest.mark.parametrize(("vocab", "length", "eos"), SPACES)
@@ -111,7 +111,7 @@ def test_every_head_hits_its_documented_target_on_policy(vocab, length, eos, see
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_k2_as_loss_equals_k1_in_reward_per_sample_at_sequence_level(seed):
-    """Not only in expectation: the per-sample gradients are identical (SPEC §5)."""
+    """Not only in expectation: the per-sample gradients are identical (docs/math.md, “Where a head acts: level”)."""
     sp, theta, ref, _ = problem(3, 3, True, seed)
     ref_lp = token_logps(sp, ref)
     th = theta.clone().requires_grad_(True)
@@ -221,7 +221,7 @@ def test_custom_head_from_k2_penalty_reproduces_k2():
 
 
 # ---------------------------------------------------------------------------------------------------------
-# off-policy claims (SPEC §7)
+# off-policy claims (docs/math.md, “Off-policy: importance sampling and the clip side”)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -266,7 +266,10 @@ def test_clipping_is_exact_inside_the_trust_region_and_biased_outside():
 
 
 def test_clip_side_is_ppo_consistent():
-    """A penalty c > 0 pushes log π down: keep pushing while ρ > 1+ε, stop once ρ < 1-ε (SPEC §7)."""
+    """A penalty c > 0 pushes log π down: keep pushing while ρ > 1+ε, stop once ρ < 1-ε.
+
+    docs/math.md, “Off-policy: importance sampling and the clip side”.
+    """
     logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-3.0, -3.0]], dtype=torch.float64)  # U = 3 > 0, so c = U > 0
     mask = torch.ones(1, 2, dtype=torch.bool)

@@ -1,4 +1,4 @@
-"""Tests for klgrad.kl: estimators, heads, coefficients and the KL loss.
+"""Tests for klgrad.kl: estimators, the head registry, coefficients and the KL loss.
 
 Every test here would fail if the math were wrong: hand-worked values (math in the comments), exact
 enumeration of expectations, autograd as the reference for coefficients, a plain-Python loop as the
@@ -6,7 +6,7 @@ reference for token_to_go, and property tests (hypothesis) for padding, finitene
 All numerics are float64 with tight tolerances (rtol/atol 1e-12 or bitwise equality) unless a test is
 about float32.
 
-Tests marked ``# Regression`` document defects this file found in kl.py (cancellation near u = 0), since
+Tests marked ``# Regression`` document defects this file found in klgrad.kl (cancellation near u = 0), since
 fixed.
 
 Tolerances: these checks run in float64 (u = 2^-53 ≈ 1.1e-16) on closed forms and enumerations of at most a few
@@ -17,10 +17,12 @@ their own derivation beside them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import warnings
 from decimal import Decimal, localcontext
+from typing import get_args
 
 import pytest
 import torch
@@ -34,6 +36,8 @@ from klgrad.kl import (
     LEVELS,
     MAX_LOG_RATIO,
     RATIO_LEVELS,
+    HeadName,
+    KLHead,
     clipped_surrogate_penalty,
     custom_kl_head,
     exp_linear_tail,
@@ -92,7 +96,7 @@ def t64(xs) -> torch.Tensor:
 
 
 def closed_coefficient(name: str, l: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """SPEC §4 table, written independently of kl.py (naive float64 formulas)."""
+    """The coefficient column of docs/math.md, “KL heads”, written independently of klgrad.kl (naive float64)."""
     u = l - r
     return {
         "none": torch.zeros_like(u),
@@ -148,7 +152,7 @@ def head(name: str):
 
 
 # --------------------------------------------------------------------------------------------------
-# 1. kl_estimate (SPEC §3)
+# 1. kl_estimate (docs/math.md, “Value estimators”)
 
 
 def test_registry_names_and_styles():
@@ -231,7 +235,7 @@ def test_k2_is_biased_hand_example():
 
 
 # --------------------------------------------------------------------------------------------------
-# 2. coefficients and styles (SPEC §4)
+# 2. coefficients and styles (docs/math.md, “KL heads”)
 
 
 def test_coefficients_hand_values():
@@ -502,7 +506,7 @@ def test_heads_and_kl_loss_finite_on_extreme_inputs(data, dtype):
     assert (c3[u > EXP_CAP] > 0).all()
 
 
-# Documented bound (kl.py module docstring): a head sees |x| <= 1e18; at sequence level x are the sums.
+# Documented bound (klgrad.kl's module docstring): a head sees |x| <= 1e18; at sequence level x are the sums.
 # Inside it the float32 loss is finite; beyond it (½U² > 3.4e38) only the gradient is promised finite.
 def test_kl_loss_sequence_level_float32_bound_is_on_the_sums():
     T = 20
@@ -558,9 +562,71 @@ def test_exp_linear_tail():
 # --------------------------------------------------------------------------------------------------
 # 6. registry
 
+WITH_PENALTY = tuple(name for name, h in KL_HEADS.items() if h.penalty_fn is not None)  # from the registry itself
+
+
+def test_registry_names_are_the_head_name_literal():
+    # the config's choices (HeadName) and the registry are one list, in one order (the docs table's)
+    assert tuple(KL_HEADS) == get_args(HeadName) == HEAD_NAMES
+    assert WITH_PENALTY == AS_LOSS
+
+
+@pytest.mark.parametrize("name", WITH_PENALTY)
+def test_every_record_coefficient_fn_is_the_gradient_of_its_penalty_fn(name):
+    # The record's pure functions themselves (paper eq. kn′): coefficient_fn(l̄, r) = ∂ penalty_fn / ∂l at l̄, on
+    # both sides of the exp cap (u up to ~±30), and autograd_coefficient (what custom heads use) agrees.
+    h = KL_HEADS[name]
+    logp, ref, _, _ = make_batch(16, 4, 7, u_scale=8.0)
+    x = logp.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(h.penalty_fn(x, ref).sum(), x)
+    torch.testing.assert_close(h.coefficient_fn(logp, ref), g, **TIGHT)
+    torch.testing.assert_close(kl.autograd_coefficient(h.penalty_fn, logp, ref), g, rtol=0, atol=0)
+
+
+def test_records_share_functions_where_the_heads_are_gradient_twins():
+    # in-reward twins of as-loss heads use the very same coefficient function (no subclassing)
+    assert KL_HEADS["k1_in_reward"].coefficient_fn is KL_HEADS["k2_as_loss"].coefficient_fn
+    assert KL_HEADS["k3_in_reward"].coefficient_fn is KL_HEADS["k3_as_loss"].coefficient_fn
+    for name, h in KL_HEADS.items():
+        assert (h.penalty_fn is None) == (h.style != "as_loss"), name
+
+
+def test_records_are_frozen_and_a_penalty_goes_with_the_as_loss_style():
+    h = KL_HEADS["k2_as_loss"]
+    assert repr(h) == "KLHead(name='k2_as_loss', style='as_loss')"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h.style = "in_reward"  # type: ignore[misc]
+    common = {"targets": {}, "coefficient_formula": "u", "verdict": "x"}
+    with pytest.raises(ValueError, match="as_loss"):
+        KLHead(name="a", style="in_reward", coefficient_fn=kl.log_ratio_coefficient, penalty_fn=kl.k2_penalty, **common)
+    with pytest.raises(ValueError, match="as_loss"):
+        KLHead(name="b", style="as_loss", coefficient_fn=kl.log_ratio_coefficient, **common)
+
+
+def test_custom_kl_head_is_a_record():
+    def quartic(l, r):
+        """ψ = (l - r)^4 / 4."""
+        return (l - r) ** 4 / 4
+
+    h = custom_kl_head(quartic, "quartic")
+    assert isinstance(h, KLHead)
+    assert (h.name, h.style) == ("quartic", "as_loss")
+    assert repr(h) == "KLHead(name='quartic', style='as_loss')"
+    assert h.targets == {"sequence": None, "token_to_go": None, "token": None}
+    assert h.doc.startswith("ψ = (l - r)^4 / 4.")
+    assert get_kl_head(h) is h
+
+
+def test_adaptive_beta_is_a_clipped_proportional_controller():
+    # β·(1 + rate·clip(KL/target - 1, -0.2, 0.2)/0.2): KL at 2× (½×) the target clips the error to +0.2 (-0.2)
+    assert kl.adaptive_beta(1.0, 2.0, 1.0, 0.1) == pytest.approx(1.1)
+    assert kl.adaptive_beta(1.0, 0.5, 1.0, 0.1) == pytest.approx(0.9)
+    assert kl.adaptive_beta(2.0, 1.1, 1.0, 0.1) == pytest.approx(2.0 * (1.0 + 0.1 * 0.1 / 0.2))  # inside the clip
+    assert kl.adaptive_beta(2.0, 1.0, 1.0, 0.1) == 2.0  # on target: unchanged
+
 
 def test_k1_as_loss_warns_once_per_process(monkeypatch):
-    monkeypatch.setattr(kl, "_warned_k1_as_loss", False)
+    monkeypatch.setattr(kl.heads, "_warned_k1_as_loss", False)
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
         h1 = get_kl_head("k1_as_loss")
@@ -758,7 +824,8 @@ def test_is_correction_false_is_the_on_policy_computation(name):
 @pytest.mark.parametrize("ratio_level", RATIO_LEVELS)
 def test_clip_side_single_sequence(name, ratio_level):
     # One sequence, sequence level; shift old_logp on one token so the ratio (token 0, and the sequence
-    # ratio) is ρ = e^{δ}. Loss max(ρc, clip(ρ, 0.8, 1.2)c) (SPEC §7):
+    # ratio) is ρ = e^{δ}. Loss max(ρc, clip(ρ, 0.8, 1.2)c) (docs/math.md, “Off-policy: importance sampling and
+    # the clip side”):
     #   c > 0: ρ = 1.5 -> unclipped, gradient ρ c > 0 flows (pushes logp down); ρ = 0.5 -> exactly 0.
     #   c < 0: ρ = 0.5 -> gradient ρ c < 0 flows (pushes logp up); ρ = 1.5 -> exactly 0.
     eps = 0.2
@@ -914,7 +981,8 @@ def test_expected_gradient_by_enumeration(name, level, target):
 
 
 def test_token_level_k2_is_not_the_sequence_rkl_gradient():
-    # SPEC §5: per-token k2 misses the future terms; its expected gradient differs from ∇ KL(π‖π_ref)
+    # per-token k2 misses the future terms (docs/math.md, “Where a head acts: level”); its expected gradient
+    # differs from ∇ KL(π‖π_ref)
     est, params, (logp, _, _), (ref_logp, _, _), prob = _expected_gradient("k2_as_loss", "token")
     want = torch.autograd.grad((prob * (logp.sum(-1) - ref_logp.sum(-1))).sum(), params)
     assert max((e - w).abs().max().item() for e, w in zip(est, want, strict=True)) > 1e-3

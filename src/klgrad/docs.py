@@ -140,7 +140,7 @@ def _code(x: str) -> str:
 
 
 def head_table(heads: dict[str, KLHead] = KL_HEADS) -> str:
-    """SPEC §4's table, built from the head classes: name, style, penalty ψ, coefficient c, verdict."""
+    """The “KL heads” table, one row per registry record (:class:`klgrad.kl.KLHead`): name, style, ψ, c, verdict."""
     rows = ["| name | style | penalty ψ(l, r) | coefficient c(l̄, r) | verdict |", "|---|---|---|---|---|"]
     for h in heads.values():
         rows.append(

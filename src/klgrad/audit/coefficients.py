@@ -1,7 +1,8 @@
 r"""The paper's Figure 1: each head's score-function coefficient against the actor log-prob.
 
-Every KL head acts on the policy through a detached coefficient c on the score function ∇log π (SPEC §4).
-At a single response with π = π(y) and a fixed reference π_ref = π_ref(y), u = log π - log π_ref and:
+Every KL head acts on the policy through a detached coefficient c on the score function ∇log π (docs/math.md,
+“KL heads”). At a single response with π = π(y) and a fixed reference π_ref = π_ref(y), u = log π - log π_ref
+and:
 
 - ``k1_in_reward`` and ``k2_as_loss``:  c = u = log π - log π_ref  (the exact reverse-KL coefficient; the two
   heads are identical per sample, so they share one curve);

@@ -1,0 +1,316 @@
+"""KL heads (docs/math.md, “KL heads”): a registry of pure functions and one frozen record per head.
+
+Pure coefficient functions c(l̄, r) and pure penalties ψ(l, r), and a :class:`KLHead` record per head that names
+them with the text docs/math.md prints. Every function is elementwise: inputs of one (any) shape, float32 or
+wider (:meth:`KLHead.coefficient` and :meth:`KLHead.penalty` promote), output of that shape. Expected-gradient
+targets and levels are explained in :mod:`klgrad.kl`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from klgrad.kl.numerics import EXP_CAP, at_least_f32, exp_linear_tail, expm1_linear_tail
+
+HeadStyle = Literal["in_reward", "as_loss", "none"]
+Target = Literal["rkl", "fkl", "mse", "local_rkl", "local_fkl", "local_mse", "expected_length", "zero"]
+"""The expected on-policy gradient a head produces at a level (the meanings are in :mod:`klgrad.kl`)."""
+
+CoefficientFn = Callable[[Tensor, Tensor], Tensor]
+"""c(l̄, r) -> c: the detached weight a head puts on the score function ∇l."""
+
+PenaltyFn = Callable[[Tensor, Tensor], Tensor]
+"""ψ(l, r) -> ψ: an as-loss head's differentiable penalty; its coefficient is c = ∂ψ/∂l at l = l̄."""
+
+
+def zero_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """c ≡ 0 (no KL regularisation)."""
+    return torch.zeros_like(logp - ref_logp)
+
+
+def log_ratio_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """c = u = l̄ - r: the exact reverse-KL coefficient (k1 in reward; ∂ψ/∂l of k2's ψ = ½(l - r)²)."""
+    return logp - ref_logp
+
+
+def k3_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    r"""c = 1 - e^{r - l̄} = 1 - δ (paper's k3′), ∂ψ/∂l of :func:`k3_penalty`.
+
+    A first-order (Taylor) surrogate of the exact coefficient u = -log δ: it saturates at 1 when π ≫ π_ref
+    (weak restoring force) and explodes like -δ when π ≪ π_ref. Computed as -expm1(r - l̄), so there is no
+    cancellation near u = 0. Exact for u ≥ -20 (= -``EXP_CAP``); below, c = 1 - e^20: saturated, finite, sign
+    kept, and equal to the slope of the penalty's linear tail there.
+    """
+    return -torch.expm1((ref_logp - logp).clamp(max=EXP_CAP))  # 1 - e^{-u}, no cancellation near u = 0
+
+
+def unit_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """c ≡ 1, ∂ψ/∂l of :func:`k1_penalty`: independent of π_ref."""
+    return torch.ones_like(logp - ref_logp)
+
+
+def mse_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    r"""c = π̄ - π_ref = e^{l̄} - e^{r} (MiniMax-01's MSE head), in [-1, 1] for log-probs.
+
+    Computed as sign(l̄ - r) · e^{max(l̄, r)} · (1 - e^{-|l̄ - r|}): exact, no cancellation near l̄ = r. The
+    exponential is :func:`exp_linear_tail` (exact for log-probs ≤ 20, i.e. always for real ones).
+    """
+    d = logp - ref_logp
+    return torch.sign(d) * exp_linear_tail(torch.maximum(logp, ref_logp)) * -torch.expm1(-d.abs())
+
+
+def k1_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """ψ = l - r; c = 1 (:func:`unit_coefficient`)."""
+    return logp - ref_logp
+
+
+def k2_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """ψ = ½(l - r)²; c = u (:func:`log_ratio_coefficient`)."""
+    u = logp - ref_logp
+    return 0.5 * u * u
+
+
+def k3_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """ψ = e^{r - l} - 1 + (l - r) ≥ 0; c = 1 - e^{r - l̄} (:func:`k3_coefficient`).
+
+    e^{r - l} - 1 is :func:`expm1_linear_tail`: exact for u ≥ -20, linear (slope e^20) below.
+    """
+    return expm1_linear_tail(ref_logp - logp) + (logp - ref_logp)
+
+
+def autograd_coefficient(penalty_fn: PenaltyFn, logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """c = ∂ψ/∂l at l = l̄ by autograd (paper eq. kn′), detached; 0 where ψ does not depend on l."""
+    with torch.enable_grad():
+        l = logp.detach().clone().requires_grad_(True)
+        psi = penalty_fn(l, ref_logp.detach())
+        (grad,) = torch.autograd.grad(psi.sum(), l, allow_unused=True)
+    return torch.zeros_like(l.detach()) if grad is None else grad.detach()
+
+
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
+class KLHead:
+    """A KL regulariser judged by its gradient: its pure functions and the text docs/math.md prints.
+
+    Attributes:
+        name: registry name.
+        style: ``"in_reward"``, ``"as_loss"`` or ``"none"``.
+        coefficient_fn: c(l̄, r), the detached weight on the score function ∇l (every head has one).
+        penalty_fn: ψ(l, r) for an ``as_loss`` head (then c = ∂ψ/∂l at l = l̄), None for every other style.
+        targets: per level, the expected on-policy gradient this head produces (see :mod:`klgrad.kl`),
+            or None where it is not the gradient of a named divergence.
+        penalty_formula, coefficient_formula, verdict: the head's row of the table in docs/math.md
+            (generated by ``python -m klgrad.docs``): ψ(l, r), c(l̄, r) with u = l̄ - r, and what its
+            gradient is.
+        doc: what the head is, with its expected on-policy gradient at each level.
+
+    Built-in heads are in :data:`KL_HEADS`; :func:`custom_kl_head` makes one from any penalty. Equality is
+    identity.
+    """
+
+    name: str
+    style: HeadStyle
+    coefficient_fn: CoefficientFn
+    penalty_fn: PenaltyFn | None = None
+    targets: dict[str, Target | None]
+    penalty_formula: str = "—"
+    coefficient_formula: str
+    verdict: str
+    doc: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.penalty_fn is not None) != (self.style == "as_loss"):
+            raise ValueError(
+                f"KL head {self.name!r}: an as_loss head has a penalty_fn and no other style does "
+                f"(style {self.style!r}, penalty_fn {self.penalty_fn!r})"
+            )
+
+    def coefficient(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
+        """Detached score-function coefficient c(l̄, r); same shape as the inputs."""
+        with torch.no_grad():
+            return self.coefficient_fn(at_least_f32(logp.detach()), at_least_f32(ref_logp.detach()))
+
+    def penalty(self, logp: Tensor, ref_logp: Tensor) -> Tensor | None:
+        """Differentiable penalty ψ(l, r) for as-loss heads (gradient flows through ``logp``), else None."""
+        if self.penalty_fn is None:
+            return None
+        return self.penalty_fn(at_least_f32(logp), at_least_f32(ref_logp.detach()))
+
+    def __repr__(self) -> str:
+        return f"KLHead(name={self.name!r}, style={self.style!r})"
+
+
+HeadName = Literal["none", "k1_in_reward", "k2_as_loss", "k3_as_loss", "k3_in_reward", "k1_as_loss", "mse_in_reward"]
+"""The built-in heads' names, in registry (and docs table) order."""
+
+_BUILT_IN_HEADS: tuple[KLHead, ...] = (
+    KLHead(
+        name="none",
+        style="none",
+        coefficient_fn=zero_coefficient,
+        targets={"sequence": "zero", "token_to_go": "zero", "token": "zero"},
+        coefficient_formula="0",
+        verdict="baseline",
+        doc="No KL regularisation: c = 0, no penalty. Expected gradient: zero at every level.",
+    ),
+    KLHead(
+        name="k1_in_reward",
+        style="in_reward",
+        coefficient_fn=log_ratio_coefficient,
+        targets={"sequence": "rkl", "token_to_go": "rkl", "token": "local_rkl"},
+        coefficient_formula="u",
+        verdict="exact reverse-KL gradient",
+        doc="""k1 in reward (PPO / REINFORCE): detached coefficient c = u = l̄ - r on the score function.
+
+        Expected gradient (on-policy):
+          - sequence: E[U ∇ log π(y)] = ∇ KL(π‖π_ref), exact (paper eq. kl_grad_target).
+          - token_to_go: E[Σ_t (Σ_{t'≥t} u_t') ∇l_t] = ∇ KL(π‖π_ref), exact and lower-variance (the dropped past
+            terms Σ_{t'<t} u_t' are functions of the prefix, whose score has zero mean).
+          - token: E[Σ_t u_t ∇l_t] = local_rkl: biased against the sequence reverse KL (future terms missing).
+        """,
+    ),
+    KLHead(
+        name="k2_as_loss",
+        style="as_loss",
+        coefficient_fn=log_ratio_coefficient,
+        penalty_fn=k2_penalty,
+        targets={"sequence": "rkl", "token_to_go": "rkl", "token": "local_rkl"},
+        penalty_formula="½(l - r)²",
+        coefficient_formula="u",
+        verdict="exact; per-sample identical to k1_in_reward",
+        doc="""k2 as loss: ψ = ½(l - r)², so c = ∂ψ/∂l = l̄ - r = u, identical to k1 in reward per sample.
+
+        Expected gradient (on-policy): as k1_in_reward at every level — sequence: ∇ KL(π‖π_ref) exactly (ψ of
+        the summed log-probs); token_to_go: exact; token: local_rkl, biased (docs/math.md, “Where a head acts:
+        level”: per-token k2, what GRPO-style code does with k2, is NOT the sequence reverse-KL gradient).
+        """,
+    ),
+    KLHead(
+        name="k3_as_loss",
+        style="as_loss",
+        coefficient_fn=k3_coefficient,
+        penalty_fn=k3_penalty,
+        targets={"sequence": "fkl", "token_to_go": "local_fkl", "token": "local_fkl"},
+        penalty_formula="exp(r - l) - 1 + (l - r)",
+        coefficient_formula="1 - exp(-u)",
+        verdict="biased first-order surrogate of the reverse-KL gradient (at sequence level it is exactly the "
+        "gradient of the *forward* KL(ref‖π))",
+        doc="""k3 as loss (GRPO): ψ = e^{r-l} - 1 + (l - r), so c = 1 - e^{r - l̄} = 1 - δ (paper's k3').
+
+        A first-order surrogate of the exact coefficient u (:func:`k3_coefficient`). Expected gradient
+        (on-policy):
+          - sequence: E[(1 - π_ref/π) ∇ log π] = -Σ_y π_ref ∇ log π = ∇ KL(π_ref‖π): the exact gradient of the
+            *forward* KL, a biased reverse-KL gradient.
+          - token and token_to_go: local_fkl (the two coincide in expectation because E_π[Σ_t m_t(1 - δ_t)] ≡ 0).
+        """,
+    ),
+    KLHead(
+        name="k3_in_reward",
+        style="in_reward",
+        coefficient_fn=k3_coefficient,
+        targets={"sequence": "fkl", "token_to_go": "local_fkl", "token": "local_fkl"},
+        coefficient_formula="1 - exp(-u)",
+        verdict="k3's gradient twin (paper's k3')",
+        doc="""k3' in reward: the detached coefficient c = 1 - e^{r - l̄} of k3 as loss, on the score function.
+
+        Gradient twin of k3_as_loss (identical per sample on-policy); expected gradient: sequence
+        ∇ KL(π_ref‖π) (forward KL); token and token_to_go: local_fkl.
+        """,
+    ),
+    KLHead(
+        name="k1_as_loss",
+        style="as_loss",
+        coefficient_fn=unit_coefficient,
+        penalty_fn=k1_penalty,
+        targets={"sequence": "zero", "token_to_go": "expected_length", "token": "zero"},
+        penalty_formula="l - r",
+        coefficient_formula="1",
+        verdict="zero expected gradient: a counterexample",
+        doc="""k1 as loss: ψ = l - r, c ≡ 1. A counterexample, not a regulariser.
+
+        Expected gradient (on-policy): sequence and token: E[∇ log π] = 0 exactly, independent of π_ref; only
+        zero-mean noise. token_to_go: E[Σ_t (#tokens from t on) ∇l_t] = ∇ E_π[|y|] (pressure on response
+        length, zero when every response has the same length), still independent of π_ref.
+        """,
+    ),
+    KLHead(
+        name="mse_in_reward",
+        style="in_reward",
+        coefficient_fn=mse_coefficient,
+        targets={"sequence": "mse", "token_to_go": None, "token": "local_mse"},
+        coefficient_formula="exp(l̄) - exp(r)",
+        verdict="MiniMax-01 MSE head, bounded in [-1, 1]",
+        doc="""MiniMax-01's MSE head in reward: c = π̄ - π_ref = e^{l̄} - e^{r} (:func:`mse_coefficient`).
+
+        On-policy E_π[(π - π_ref) ∇ log π] = Σ_y (π - π_ref) ∇π = ∇ ½ Σ_y (π - π_ref)²: an MSE distance, not a
+        KL. Expected gradient (on-policy): sequence: ∇ ½ Σ_y (π(y) - π_ref(y))² (``mse``); token: local_mse;
+        token_to_go: no named divergence (reported against the reverse KL by the audit).
+        """,
+    ),
+)
+
+KL_HEADS: dict[str, KLHead] = {h.name: h for h in _BUILT_IN_HEADS}
+"""Registry of the built-in heads, keyed by :data:`HeadName` (docs/math.md, “KL heads”)."""
+
+_warned_k1_as_loss = False
+
+
+def get_kl_head(name: str | KLHead) -> KLHead:
+    """Look up a head by name (or pass a head through). ``k1_as_loss`` warns once per process."""
+    global _warned_k1_as_loss
+    if isinstance(name, KLHead):
+        return name
+    if name not in KL_HEADS:
+        raise ValueError(f"unknown KL head {name!r}; choose one of {sorted(KL_HEADS)}")
+    if name == "k1_as_loss" and not _warned_k1_as_loss:
+        _warned_k1_as_loss = True
+        warnings.warn(
+            "k1_as_loss has zero expected gradient (E[∇log π] = 0): it adds noise and no regularisation. "
+            "Use k2_as_loss or k1_in_reward for the reverse-KL gradient.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return KL_HEADS[name]
+
+
+def _elementwise_penalty(penalty_fn: PenaltyFn, name: str) -> PenaltyFn:
+    """``penalty_fn`` that raises a ValueError naming the head unless it returns a tensor of its input's shape."""
+
+    def checked(logp: Tensor, ref_logp: Tensor) -> Tensor:
+        out = penalty_fn(logp, ref_logp)
+        if not isinstance(out, Tensor) or out.shape != logp.shape:
+            got = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(
+                f"custom KL head {name!r}: penalty_fn must return an elementwise tensor of shape "
+                f"{tuple(logp.shape)}, got {got}"
+            )
+        return out
+
+    return checked
+
+
+def custom_kl_head(penalty_fn: Callable[[Tensor, Tensor], Tensor], name: str = "custom") -> KLHead:
+    r"""A head from any differentiable elementwise penalty ψ(logp, ref_logp); style ``as_loss``.
+
+    Its coefficient is derived by autograd (paper eq. kn′, :func:`autograd_coefficient`): c = ∂ψ/∂l evaluated
+    at the detached l̄. Expected gradient on-policy: E[c ∇ log π] at the chosen level; the audit measures it.
+    """
+    if not callable(penalty_fn):
+        raise TypeError(f"penalty_fn must be callable, got {type(penalty_fn).__name__}")
+    psi = _elementwise_penalty(penalty_fn, name)
+    return KLHead(
+        name=name,
+        style="as_loss",
+        coefficient_fn=partial(autograd_coefficient, psi),
+        penalty_fn=psi,
+        targets={"sequence": None, "token_to_go": None, "token": None},
+        coefficient_formula="∂ψ/∂l at l̄ (autograd)",
+        verdict="measured by the gradient audit (`klgrad audit --penalty MODULE:FN`)",
+        doc=(penalty_fn.__doc__ or "") + "\n(custom KL head; coefficient by autograd)",
+    )
