@@ -7,8 +7,10 @@ Same model (the shipped tiny reference), tokenizer, prompts (2-digit addition), 
 ``warmup`` steps of every round are dropped; a step's time is the wall clock between consecutive step ends
 (everything: generation, rewards, reference pass, update, logging).
 
-TRL runs with its defaults except what offline CPU needs (FACTS.md): ``bf16=False``, ``use_cpu=True``,
-``use_vllm=False``, ``report_to="none"``, ``save_strategy="no"``, ``HF_HUB_OFFLINE=1``. Its default
+TRL runs with its defaults except what this offline CPU machine needs, and no checkpoints: ``bf16=False``
+(fp32, as klgrad; the CPU has no bf16 units), ``use_cpu=True``, ``use_vllm=False`` (vLLM needs a GPU),
+``report_to="none"`` and ``HF_HUB_OFFLINE=1`` (no network), ``save_strategy="no"`` (no checkpoint writes in the
+timed steps; klgrad's run is configured likewise, ``train.save_every`` beyond the run). Its default
 ``gradient_checkpointing=True`` recomputes the forward in backward; the "TRL (no ckpt)" row turns it off,
 the strongest TRL baseline here, and the reported ratio is against the faster of the two.
 """

@@ -278,7 +278,8 @@ def vs_verl(d: dict) -> dict:
     - KL off: klgrad's reward head vs verl's ``vanilla`` (equal; verl's ±20 log-ratio clamp is not reached here).
     - KL on, k2 at token level, token-mean: klgrad's decoupled head vs verl's ``use_kl_loss`` with ``kl_loss_type``
       k2 and ``kl_loss_coef`` β. On-policy (old = current) they coincide; off-policy verl's gradient is β·u·∇l
-      without importance sampling or clipping, klgrad's is β·max(ρu, clip(ρ)u)' (SPEC §7): they differ.
+      without importance sampling or clipping, klgrad's is β·max(ρu, clip(ρ)u)' (docs/math.md,
+      “Off-policy: importance sampling and the clip side”): they differ.
     """
     from verl.workers.utils.losses import ppo_loss
 

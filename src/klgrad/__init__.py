@@ -1,6 +1,6 @@
 """klgrad: gradient-correct KL regularization for RL fine-tuning of language models.
 
-A KL regulariser is judged by the gradient it produces. The public API (SPEC §11):
+A KL regulariser is judged by the gradient it produces. The public API (every exported name: docs/api.md):
 
 - :func:`kl_estimate` — k1/k2/k3 value estimators;
 - :func:`get_kl_head`, :func:`custom_kl_head` — heads with ``.coefficient`` and ``.penalty``;

@@ -1,8 +1,9 @@
 """Generated documentation: ``python -m klgrad.docs`` writes docs/math.md and docs/configuration.md.
 
 The tables come from the code itself (the head registry with each head's formulas, verdict and per-level
-gradient targets; the level, form, ratio-level and aggregation choices), so a test can assert that the committed
-files equal what this module generates: the docs cannot drift from the code.
+gradient targets; the level, form, ratio-level, shaping and aggregation choices), so a test can assert that the
+committed files equal what this module generates: the docs cannot drift from the code. The prose sections
+(notation, value estimators, fixed points) live here as text, next to the code they describe.
 """
 
 from __future__ import annotations
@@ -10,8 +11,78 @@ from __future__ import annotations
 from pathlib import Path
 from typing import get_args
 
+from klgrad.advantages import PRESETS, SHAPING_METHODS
 from klgrad.kl import KL_HEADS, LEVELS, RATIO_LEVELS, KLHead, Target
 from klgrad.objective import AGGREGATIONS, FORMS
+
+NOTATION_TEXT: tuple[str, ...] = (
+    "## Notation",
+    "",
+    "A prompt x is answered by a response y = (y_1, …, y_T). A batch holds B responses, the G responses of one "
+    "prompt contiguous (a *group*); per-token tensors are (B, T), one row per response. Per response token t:",
+    "",
+    "- l_t = log π_θ(y_t | x, y_<t): the trainable policy's log-prob; gradients flow through it (code: `logp`).",
+    "- l̄_t: the same number detached (no gradient). Coefficients are always computed from l̄.",
+    "- r_t = log π_ref(y_t | x, y_<t): the reference policy's log-prob, never differentiated (`ref_logp`).",
+    "- o_t: the behaviour policy's log-prob, the policy that sampled y: the policy as it was before this rollout's "
+    "updates, or a separate rollout engine (`old_logp`; None in the code means on-policy).",
+    "- m_t: the mask, 1 on response tokens and 0 on padding (`mask`). Every sum over t carries m_t; masked entries "
+    "never matter, whatever they hold.",
+    "- u_t = l̄_t − r_t: the per-token log-ratio; δ_t = e^{−u_t} = π_ref/π.",
+    "- U = Σ_t m_t u_t = log π(y|x) − log π_ref(y|x): the sequence log-ratio.",
+    "- ρ: the importance ratio, per token ρ_t = exp(l_t − o_t) or per sequence ρ = exp(Σ_t m_t (l_t − o_t)). It "
+    "carries gradient through l only.",
+    "- On-policy means o = l̄: then ρ = 1 in value, and its gradient ρ·∇l is ∇l.",
+    "",
+    "KL(π‖π_ref) = E_{y~π}[log π(y|x) − log π_ref(y|x)] = E_π[U] is the *reverse* KL over whole responses, the "
+    "quantity an RLHF KL term means to regularise; KL(π_ref‖π) is the *forward* KL. Further symbols: R(y) the "
+    "reward of a response (the weighted sum of the configured reward functions), A the advantage, shape(·) the "
+    "reward shaping (“Reward shaping: baselines and normalisation”), β ≥ 0 the KL weight, c a head's coefficient "
+    "and ψ its penalty (“KL heads”), ε a clip range.",
+    "",
+)
+"""docs/math.md's “Notation”: the symbols every other section, docstring and test uses."""
+
+VALUE_ESTIMATORS_TEXT: tuple[str, ...] = (
+    "## Value estimators",
+    "",
+    "Three estimates of the *value* KL(π‖π_ref) from responses sampled from π (Schulman's k1, k2, k3), computed "
+    "elementwise from the log-ratio u by `klgrad.kl_estimate(logp, ref_logp, kind)` with kind `k1`, `k2` or "
+    "`k3` (δ = e^{−u} = π_ref/π):",
+    "",
+    "| estimator | formula | mean under π | sign | spread |",
+    "|---|---|---|---|---|",
+    "| k1 | u | KL(π‖π_ref): unbiased | either | per-sample std ≈ √(2·KL) near π_ref: large against a small KL |",
+    "| k2 | ½u² | KL + ⅙E_π[u³] − …: biased | ≥ 0 | low |",
+    "| k3 | δ − 1 + u = e^{−u} − 1 + u | KL(π‖π_ref): unbiased, if π > 0 wherever π_ref > 0 | ≥ 0 | about the "
+    "KL itself near π_ref; heavy-tailed where π_ref ≫ π |",
+    "",
+    "**k1 = u** is unbiased by definition: E_π[u] = KL(π‖π_ref). A single sample can be negative, and near π_ref "
+    "(where KL ≈ ½E_π[u²] and Var_π[u] ≈ E_π[u²]) its per-sample standard deviation is about √(2·KL), large "
+    "against a small KL.",
+    "",
+    "**k2 = ½u²** is never negative and has low variance, but it is biased. E_π[δ] = 1 expands to "
+    "E_π[u] = ½E_π[u²] − ⅙E_π[u³] + …, so E_π[k2] = KL(π‖π_ref) + ⅙E_π[u³] − …: right to second order near "
+    "π_ref, off by more as π moves away (on the Gaussians of [reproduction.md](reproduction.md), section 4: 0.874 "
+    "against a KL of 1.134).",
+    "",
+    "**k3 = δ − 1 + u** adds to k1 the control variate δ − 1, whose mean is E_π[π_ref/π] − 1 = Σ_y π_ref(y) − 1 "
+    "= 0, so it is unbiased too; and since e^{−u} ≥ 1 − u it is never negative. Near π_ref, k3 = ½u² + O(u³) per "
+    "sample, so its spread is of the order of the KL itself. Two caveats. Its variance is finite only when "
+    "E_π[δ²] = 1 + χ²(π_ref‖π) is: where π_ref puts mass on responses π finds unlikely, δ is huge on rare samples "
+    "(on the Gaussians of [reproduction.md](reproduction.md), section 4, the per-sample standard deviation ranged "
+    "from 3.4 to 3708 across runs, and the median batch mean was 0.79 against a KL of 1.13). And the sum "
+    "Σ_y π_ref(y) runs only over responses π can produce: where π_ref has mass that π has not, E_π[δ] < 1 and k3 "
+    "is biased low (reproduction.md, section 5: log 2 − 0.5 instead of log 2).",
+    "",
+    "These are values, for logging and evaluation: every run records k1, k2 and k3 of the sequence log-ratio U "
+    "(`kl/k1`, `kl/k2`, `kl/k3`; held out, `eval/kl_k1`, `eval/kl_k3`; see [metrics.md](metrics.md)). What a KL "
+    "term does to the *gradient* is a separate question, answered per head below. The heads are named after these "
+    "estimators, but the names mislead: k2, the biased value estimate, gives the exact reverse-KL gradient as a "
+    "loss (`k2_as_loss`), and k3, an unbiased one, gives a biased gradient (`k3_as_loss`).",
+    "",
+)
+"""docs/math.md's “Value estimators”: k1, k2, k3 (:func:`klgrad.kl.kl_estimate`) as estimates of the KL's value."""
 
 STYLE_TEXT = {"in_reward": "in reward", "as_loss": "as loss", "none": "—"}
 
@@ -38,7 +109,7 @@ LEVEL_TEXT: dict[str, str] = {
     "token": "what GRPO, TRL and verl do: token t gets c(u_t) alone. For k2 this is NOT the sequence reverse-KL "
     "gradient (the future terms are missing); klgrad measures the difference.",
 }
-"""SPEC §5, one entry per level of :data:`klgrad.kl.LEVELS`."""
+"""docs/math.md, “Where a head acts: level”: one entry per level of :data:`klgrad.kl.LEVELS`."""
 
 FORM_TEXT: dict[str, str] = {
     "combined": "A = shape(R - β·c): the coefficient is merged into the reward *before* baseline and "
@@ -47,7 +118,7 @@ FORM_TEXT: dict[str, str] = {
     "decoupled": "A = shape(R) drives the reward head; the KL head is a separate loss with β outside, never "
     "normalised. All levels.",
 }
-"""SPEC §6, one entry per form of :data:`klgrad.objective.FORMS`."""
+"""docs/math.md, “How a head joins the reward: form”: one entry per form of :data:`klgrad.objective.FORMS`."""
 
 COMBINED_TOKEN_TO_GO_TEXT = (
     "Combined at `token_to_go`: token t of response i gets A_{i,t} = shape(x)_i + s_{-i}·β·Σ_{t'<t} c_t', "
@@ -73,7 +144,8 @@ RATIO_LEVEL_TEXT: dict[str, str] = {
     "sequence": "ρ = exp(Σ_t m_t (l_t - o_t)), one ratio per response (unbiased importance sampling of whole "
     "responses).",
 }
-"""SPEC §7, one entry per ratio level of :data:`klgrad.kl.RATIO_LEVELS`."""
+"""docs/math.md, “Off-policy: importance sampling and the clip side”: one entry per ratio level of
+:data:`klgrad.kl.RATIO_LEVELS`."""
 
 AGGREGATION_TEXT: dict[str, str] = {
     "seq_mean_token_sum": "(1/B) Σ_i Σ_t m ℓ (the paper's sequence view; default)",
@@ -81,6 +153,27 @@ AGGREGATION_TEXT: dict[str, str] = {
     "seq_mean_token_mean": "(1/B) Σ_i (Σ_t m ℓ / Σ_t m)",
 }
 """One entry per aggregation of :data:`klgrad.objective.AGGREGATIONS`."""
+
+
+SHAPING_TEXT: dict[str, str] = {
+    "none": "A = R",
+    "group_baseline": "A = R − mean_group(R)",
+    "batch_baseline": "A = R − mean_batch(R)",
+    "batch_norm": "A = (R − mean_batch(R)) / clip(std_batch(R))",
+    "group_norm": "A = (R − mean_group(R)) / clip(std_group(R))",
+    "rloo": "A_i = R_i − mean of the other G − 1 rewards of its group (leave-one-out) = G/(G − 1)·(R_i − "
+    "mean_group(R))",
+}
+"""One entry per shaping operator of :data:`klgrad.advantages.SHAPING_METHODS` (presets excluded)."""
+
+PRESET_TEXT: dict[str, str] = {
+    "reinforce": "REINFORCE",
+    "reinforce_pp": "PPO / REINFORCE++",
+    "grpo": "GRPO",
+    "dr_grpo": "Dr. GRPO",
+    "reinforce_pp_baseline": "REINFORCE++-baseline",
+}
+"""The algorithm each preset of :data:`klgrad.advantages.PRESETS` is named after."""
 
 
 FIXED_POINTS_TEXT: tuple[str, ...] = (
@@ -166,17 +259,32 @@ def _bullets(text: dict[str, str], choices: tuple[str, ...]) -> str:
     return "\n".join(f"- `{c}`: {text[c]}" for c in choices)
 
 
+SHAPING_OPERATORS: tuple[str, ...] = tuple(m for m in SHAPING_METHODS if m not in PRESETS)
+"""The shaping operators; the other shaping methods are presets, chains of these."""
+
+
+def preset_bullets() -> str:
+    """One line per preset of :data:`klgrad.advantages.PRESETS`: the algorithm's name and its operator chain."""
+    text = {
+        name: f"{algo}: " + " then ".join(f"`{op}`" for op in PRESETS.get(name, ()))
+        for name, algo in PRESET_TEXT.items()
+    }
+    return _bullets(text, tuple(PRESETS))
+
+
 def math_markdown() -> str:
     """The whole of docs/math.md."""
     return "\n".join(
         [
             "# The math: heads, levels, forms",
             "",
-            "Generated from the code (`src/klgrad/kl.py`, `src/klgrad/objective.py`) by `python -m klgrad.docs`; "
-            "a test fails when this file drifts. Notation (SPEC §2): per token, the policy's log-prob l (carries "
-            "gradient), its detached copy l̄, the reference's r, the behaviour (rollout) policy's o, mask m; "
-            "u = l̄ - r.",
+            "Generated from the code (`src/klgrad/kl.py`, `src/klgrad/objective.py`, `src/klgrad/advantages.py`, "
+            "and the prose in `src/klgrad/docs.py`) by `python -m klgrad.docs`; a test fails when this file "
+            "drifts. Symbols are defined in “Notation”. What a run records is in [metrics.md](metrics.md), the "
+            "Python API in [api.md](api.md).",
             "",
+            *NOTATION_TEXT,
+            *VALUE_ESTIMATORS_TEXT,
             "## KL heads",
             "",
             "A head is a scalar rule on (logp, ref_logp). Each has an in-reward coefficient c, a detached weight on "
@@ -208,14 +316,39 @@ def math_markdown() -> str:
             "",
             COMBINED_TOKEN_TO_GO_TEXT,
             "",
+            "## Reward shaping: baselines and normalisation",
+            "",
+            "shape(·) turns the B rewards of a batch (groups of G contiguous) into advantages: "
+            "`klgrad.shape_rewards(rewards, group_size, method, std_min, std_max)`, config `algo.shaping` (the "
+            "paper's appendix A). Means and standard deviations are over the response's group (G values) or the "
+            "whole batch (B values); every std is the unbiased sample std (as `torch.std`), clipped to "
+            "[std_min, std_max] when those are given (clip(·) below). A group or batch whose values are all equal "
+            "gets advantages of exactly 0. Operators:",
+            "",
+            _bullets(SHAPING_TEXT, SHAPING_OPERATORS),
+            "",
+            "Presets, the algorithms' names for chains of operators (applied left to right):",
+            "",
+            preset_bullets(),
+            "",
+            "Why std_min: a normalising operator scales any spread to unit size, so rewards that differ by noise "
+            "alone get full-size advantages. The paper's example [0.99999, 1.00001, 0.99999, 1.00001] gives "
+            "±0.866 under `group_norm` without a floor ([reproduction.md](reproduction.md), section 6, also "
+            "measures what a floor does in training); the paper suggests std_min ≈ 0.1 for rewards in [0, 1].",
+            "",
             "## Off-policy: importance sampling and the clip side",
             "",
             "An as-loss head differentiated directly is correct only on-policy. Off-policy (several updates per "
             "rollout, or a rollout engine that differs from the trainer), klgrad converts every head to its "
             "coefficient c, recomputed from the *current* detached log-probs at every epoch, and applies it as a "
             "score-function head with importance sampling and clipping. A penalty is an advantage of -c, so the "
-            "PPO-consistent KL loss (to minimise) is β·E[max(ρ·c, clip(ρ, 1-ε, 1+ε)·c)]; the paper's "
-            "min(ρc, clip(ρ)c) clips the wrong side (SPEC §7). Ratio levels:",
+            "PPO-consistent KL loss (to minimise) is β·E[max(ρ·c, clip(ρ, 1-ε, 1+ε)·c)]: for c > 0 it keeps "
+            "pushing log π down while ρ > 1-ε and stops once ρ < 1-ε (for c < 0 the mirror image). Here klgrad "
+            "differs from the paper, which writes the KL head as J_KL = E[min(ρc, clip(ρ)c)] and subtracts "
+            "β·J_KL: that clips the wrong side, for c > 0 pushing ρ down below 1-ε without limit and not pushing "
+            "at all once ρ > 1+ε. Check (`tests/test_objective.py`): with R = 0, no shaping, one clip ε and "
+            "sequence ratios for both heads, the decoupled KL head's gradient equals the combined form's for every "
+            "ρ, at `sequence` and `token_to_go`. Ratio levels:",
             "",
             _bullets(RATIO_LEVEL_TEXT, RATIO_LEVELS),
             "",

@@ -2,8 +2,10 @@ r"""klgrad's KL heads inside TRL's ``GRPOTrainer`` (TRL >= 1.16).
 
 :class:`KLGradGRPOTrainer` is a ``GRPOTrainer`` whose KL term is any klgrad head (:data:`klgrad.KL_HEADS` or a
 :func:`klgrad.custom_kl_head`), at any level (``sequence`` | ``token_to_go`` | ``token``), in either form
-(SPEC §5–7). Everything else (generation, rewards, TRL's clipped policy loss and its ``loss_type``
-aggregation, logging) stays TRL's own code: the subclass overrides four hooks and calls ``super()`` in each.
+(docs/math.md, sections “Where a head acts: level”, “How a head joins the reward: form” and “Off-policy:
+importance sampling and the clip side”). Everything else (generation, rewards, TRL's clipped policy loss and its
+``loss_type`` aggregation, logging) stays TRL's own code: the subclass overrides four hooks and calls
+``super()`` in each.
 
 β. The KL weight is TRL's own ``args.beta`` (``GRPOConfig(beta=...)``), the only β there is:
 :class:`KLGradTRLConfig` has no β. With ``beta != 0`` TRL builds the reference model and computes the reference
@@ -17,7 +19,7 @@ aggregated over sequences exactly as TRL aggregates its per-token loss for the c
 (:func:`aggregate_like_trl`). Off-policy, i.e. when TRL provides ``old_per_token_logps`` (``num_iterations > 1``,
 or ``steps_per_generation`` not a multiple of ``gradient_accumulation_steps``, or vLLM), the head is converted to
 its coefficient c, recomputed from the current log-probs, and applied as β·max(ρc, clip(ρ, 1-ε, 1+ε)c) with
-ρ the ``ratio_level`` importance ratio (SPEC §7).
+ρ the ``ratio_level`` importance ratio (docs/math.md, “Off-policy: importance sampling and the clip side”).
 
 Combined form (A = shape(R - β·C)): after TRL has generated and scored a batch, the advantages TRL computed
 from R are replaced by :func:`klgrad.objective.combined_advantages` of the raw summed reward R (TRL's
@@ -29,7 +31,9 @@ is klgrad's ``shaping`` method (default from TRL's ``scale_rewards``: ``group`` 
 s_{-i} the shaping's normalisation computed without completion i, so its expected gradient is exactly the
 sequence level's (sequence level: the same value on every token). The coefficients are computed once per
 generation batch (groups are split into micro-batches later) with the behaviour policy's log-probs, as PPO does;
-TRL's clipped importance ratio corrects later iterations. SPEC's "recompute every epoch" is not done here.
+TRL's clipped importance ratio corrects later iterations. ``klgrad train`` recomputes them from the current
+log-probs at every epoch (docs/math.md, “Off-policy: importance sampling and the clip side”); this
+integration does not.
 
 Metrics, in TRL's logs (``trainer.state.log_history``): ``kl/k1``, ``kl/k2``, ``kl/k3`` (estimates of the
 sequence KL from the summed log-ratio), ``kl/logp_gap`` (mean l - r per token), ``kl/logp_gap_abs``; decoupled:

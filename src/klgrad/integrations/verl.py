@@ -2,11 +2,13 @@ r"""klgrad's objective as a verl policy loss: ``actor.policy_loss.loss_mode: klg
 
 Importing this module registers, with verl's own registry (``verl.trainer.ppo.core_algos.register_policy_loss``),
 the policy loss ``klgrad``: klgrad's reward head (PPO clip with ε_low/ε_high, dual clip, token or sequence ratio)
-plus klgrad's *decoupled* KL head with the off-policy treatment of SPEC §7 — the head is turned into its
-coefficient C (recomputed from the current detached log-probs at every PPO epoch) and applied as
-β·max(ρC, clip(ρ, 1-ε, 1+ε)C) with importance ratio ρ against verl's ``old_log_prob``. verl's own KL loss
+plus klgrad's *decoupled* KL head with klgrad's off-policy treatment (docs/math.md, “Off-policy: importance
+sampling and the clip side”) — the head is turned into its coefficient C (recomputed from the current detached
+log-probs at every PPO epoch) and applied as β·max(ρC, clip(ρ, 1-ε, 1+ε)C) with importance ratio ρ against
+verl's ``old_log_prob``. verl's own KL loss
 (``actor.use_kl_loss``) differentiates ``kl_penalty(log_prob, ref_log_prob)`` directly: no importance sampling,
-no clipping, which is correct only on the first mini-batch of an on-policy update (SPEC §7's "common bug").
+no clipping, which is correct only on the first mini-batch of an on-policy update (the "common bug" of
+docs/math.md, “Off-policy: importance sampling and the clip side”).
 
 verl loads the module in every process through its external-module setting, read when ``verl`` is imported
 (``verl/__init__.py``)::
@@ -30,9 +32,9 @@ decoupled KL head gets them in one of two ways:
   ``kl_loss_coef: 0`` so that verl's own, uncorrected KL term adds nothing (it is still logged as ``kl_loss``).
 
 With the KL head off (``kl_head: none`` or ``kl_beta: 0``) the loss needs no reference log-probs and runs in
-stock verl. The *combined* form (SPEC §6) with the k1 head is verl's own ``algorithm.use_kl_in_reward`` with
-``kl_penalty: k1``: the coefficient joins the token rewards before the advantage estimator, and IS and
-clipping come with the reward head; it needs nothing from klgrad.
+stock verl. The *combined* form (docs/math.md, “How a head joins the reward: form”) with the k1 head is verl's
+own ``algorithm.use_kl_in_reward`` with ``kl_penalty: k1``: the coefficient joins the token rewards before the
+advantage estimator, and IS and clipping come with the reward head; it needs nothing from klgrad.
 
 Differences from verl's ``vanilla`` loss, on purpose: importance log-ratios are capped at ``max_log_ratio`` in
 value only (verl clamps at ±20, which zeroes the gradient there); ``rollout_is_weights`` (w ≥ 0, detached)
@@ -83,9 +85,10 @@ class KlgradPolicyLossConfig(PolicyLossConfig):
     kl_beta: float = 0.0
     """KL weight β (≥ 0), outside any normalisation. 0 turns the KL head off."""
     kl_level: str = "sequence"
-    """Where the head acts: sequence | token_to_go | token (SPEC §5)."""
+    """Where the head acts: sequence | token_to_go | token (docs/math.md, “Where a head acts: level”)."""
     kl_clip_eps: Any = 0.2
-    """Symmetric clip ε of the KL head off-policy (PPO-consistent side, SPEC §7); null: IS without clipping."""
+    """Symmetric clip ε of the KL head off-policy, on the PPO-consistent side (docs/math.md, “Off-policy:
+    importance sampling and the clip side”); null: IS without clipping."""
     kl_ratio_level: str = "sequence"
     """KL head importance ratio per token or per sequence (sequence: unbiased)."""
     kl_is_correction: bool = True

@@ -51,12 +51,13 @@ def tiny_llama_config(
     Parameters: per layer 4·h² (attention) + 3·h·i (SwiGLU MLP) + 2·h (RMSNorms) = 262,400 at h=128,
     i=512; four layers 1,049,600, plus the tied embedding V·h and the final norm h.
 
-    ``attn_implementation`` defaults to ``"eager"``. Measured once here (2 vCPU Xeon, 2 threads, torch 2.13,
+    ``attn_implementation`` defaults to ``"eager"``. Measured once, 2026-11-21 (2 vCPU Xeon, 2 threads, torch 2.13,
     transformers 5.23; this model at V = 90; batch 256 × 24 tokens; forward with ``labels`` + backward; median
     of 10 after 2 warm-ups, eager and sdpa interleaved in one process on an otherwise idle machine):
     eager 0.088 s forward + 0.159 s backward, sdpa 0.090 s + 0.158 s without a mask; with a left-padding mask
     and position_ids eager 0.087 s + 0.152 s, sdpa 0.088 s + 0.155 s. At 24 tokens the two are equal (also
-    at 14 tokens: 0.059 + 0.091 s vs 0.053 + 0.089 s): FACTS.md's "sdpa 7-8× slower" did not reproduce.
+    at 14 tokens: 0.059 + 0.091 s vs 0.053 + 0.089 s): an earlier, unrecorded measurement during development
+    that had sdpa 7-8× slower did not reproduce.
     While other processes used the 2 cores, every op slowed ~15× (OpenMP threads waiting on descheduled
     peers) for either implementation, so a single contended run can show either as several times slower.
     Eager stays the default on CPU: within noise of sdpa here, and the reference kernel every HF model has.
