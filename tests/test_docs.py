@@ -30,7 +30,7 @@ def test_head_table_has_one_complete_row_per_registered_head():
         assert (h.penalty_formula == "—") == (h.style != "as_loss"), h.name
 
 
-def test_head_table_rows_read_as_spec_section_4():
+def test_head_table_rows_read_as_the_heads_table():
     # the two rows whose verdicts the paper is about, cell by cell
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in docs.head_table().splitlines()}
     assert rows["`k2_as_loss`"] == ["as loss", "`½(l - r)²`", "`u`", "exact; per-sample identical to k1_in_reward"]

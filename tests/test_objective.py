@@ -1,5 +1,5 @@
 """Tests for klgrad.objective: aggregation, advantages (combined / decoupled), the clipped PG loss, the
-full objective, micro-batching and diagnostics (SPEC §5-§8).
+full objective, micro-batching and diagnostics (docs/math.md: levels, forms, off-policy, reward shaping).
 
 Every test would fail if the math were wrong: hand-worked values (arithmetic in the comments), plain-Python
 loop references, autograd gradients compared at float64 with atol/rtol 1e-12 (or exact equality), and
@@ -360,7 +360,7 @@ def test_pg_padding_never_matters(ratio_level, dual_clip):
 
 
 # ==========================================================================================================
-# 4. SPEC §7 check: R = 0, no shaping, ε_low = ε_high = ε_KL, sequence ratios for both heads -> the decoupled
+# 4. Off-policy check (docs/math.md, “Off-policy: importance sampling and the clip side”): R = 0, no shaping, ε_low = ε_high = ε_KL, sequence ratios for both heads -> the decoupled
 #    KL head's gradient equals the combined form's gradient, for every ratio, at sequence and token_to_go.
 # ==========================================================================================================
 
@@ -876,7 +876,7 @@ def test_diagnostics_builds_no_graph():
 #   kl_k2    0.00409632817  got 0.00410552323  (2.2e-3)
 #   kl_k3    0.00393181771  got 0.00394073129  (2.3e-3)
 #   logp_gap 6.3975449e-05  got 6.3976797e-05  (2.1e-5); ratio_max/min/mean off by ~1e-7 (float32 exp).
-# Expected: float64 stays float64 (the `_at_least_f32` rule kl.py uses), and the per-token gap u = l - r is
+# Expected: float64 stays float64 (the `at_least_f32` rule of klgrad.kl.numerics), and the per-token gap u = l - r is
 # formed before summing over tokens.
 def test_diagnostics_keep_float64_precision():
     g = torch.Generator().manual_seed(0)

@@ -17,23 +17,30 @@ KEY = re.compile(r"[a-z_]+/[A-Za-z0-9_]+")
 
 
 def trainer_keys() -> set[str]:
-    """Metric keys in src/klgrad/trainer.py: every "namespace/name" string, and the keys of the per-step
-    record literal ``rec = {...}`` (which holds the un-namespaced ones: step, entropy, beta, ...)."""
-    tree = ast.parse((ROOT / "src" / "klgrad" / "trainer.py").read_text(encoding="utf-8"))
+    """Metric keys in the trainer package (src/klgrad/trainer/): every "namespace/name" string, the keys of the
+    per-step record literal ``record = {...}`` (which holds the un-namespaced ones: step, entropy, beta, ...) and
+    ``time/<phase>`` for every ``clock.mark("<phase>")`` of the loop."""
+    trees = [
+        ast.parse(f.read_text(encoding="utf-8")) for f in sorted((ROOT / "src" / "klgrad" / "trainer").glob("*.py"))
+    ]
+    nodes = [n for tree in trees for n in ast.walk(tree)]
     keys = {
-        n.value
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Constant) and isinstance(n.value, str) and KEY.fullmatch(n.value)
+        n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str) and KEY.fullmatch(n.value)
     }
     records = [
         n.value
-        for n in ast.walk(tree)
+        for n in nodes
         if isinstance(n, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id == "rec" for t in n.targets)
+        and any(isinstance(t, ast.Name) and t.id == "record" for t in n.targets)
         and isinstance(n.value, ast.Dict)
     ]
-    assert len(records) == 1, "expected one per-step record literal `rec = {...}` in trainer.py"
+    assert len(records) == 1, "expected one per-step record literal `record = {...}` in the trainer package"
     keys |= {k.value for k in records[0].keys if isinstance(k, ast.Constant)}
+    keys |= {
+        f"time/{n.args[0].value}"
+        for n in nodes
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "mark" and n.args
+    }
     return keys
 
 
@@ -47,9 +54,18 @@ def documented_keys(text: str) -> set[str]:
     return keys
 
 
-def test_trainer_keys_are_found_in_trainer_py():
+def test_trainer_keys_are_found_in_the_trainer_package():
     keys = trainer_keys()
-    assert {"step", "reward/mean", "kl/k1", "entropy", "eval/J", "mismatch/capped_frac"} <= keys
+    assert {
+        "time/rollout",
+        "time/update",
+        "step",
+        "reward/mean",
+        "kl/k1",
+        "entropy",
+        "eval/J",
+        "mismatch/capped_frac",
+    } <= keys
 
 
 def test_every_key_the_trainer_writes_is_documented():

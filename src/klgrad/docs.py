@@ -97,7 +97,7 @@ TARGET_TEXT: dict[str, str] = {
     "expected_length": "∇E_π[|y|]: pressure on response length, independent of π_ref",
     "zero": "no gradient in expectation (only zero-mean noise)",
 }
-"""What each expected-gradient target of :data:`klgrad.kl.Target` means (kl.py's module docstring)."""
+"""What each expected-gradient target of :data:`klgrad.kl.Target` means (the module docstring of klgrad.kl)."""
 
 LEVEL_TEXT: dict[str, str] = {
     "sequence": "the paper's bandit view: the head acts on the summed log-ratio U = Σ_t m_t u_t; every response "
@@ -278,7 +278,7 @@ def math_markdown() -> str:
         [
             "# The math: heads, levels, forms",
             "",
-            "Generated from the code (`src/klgrad/kl.py`, `src/klgrad/objective.py`, `src/klgrad/advantages.py`, "
+            "Generated from the code (`src/klgrad/kl/`, `src/klgrad/objective.py`, `src/klgrad/advantages.py`, "
             "and the prose in `src/klgrad/docs.py`) by `python -m klgrad.docs`; a test fails when this file "
             "drifts. Symbols are defined in “Notation”. What a run records is in [metrics.md](metrics.md), the "
             "Python API in [api.md](api.md).",

@@ -1,4 +1,7 @@
-r"""The policy objective: reward head + KL head, combined or decoupled (SPEC §6–7). No model code.
+r"""The policy objective: reward head + KL head, combined or decoupled. No model code.
+
+The math: docs/math.md, “How a head joins the reward: form” and “Off-policy: importance sampling and the clip
+side”.
 
 Reward head (PPO clip, to minimise), per token with ratio ρ_t and advantage A_t:
     ℓ_t = max(-A_t ρ_t, -A_t clip(ρ_t, 1-ε_low, 1+ε_high)),  and with dual clip c > 1, for A_t < 0:
