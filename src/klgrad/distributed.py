@@ -129,6 +129,12 @@ class Dist:
         t = torch.tensor(values, dtype=torch.float64)
         return self.accelerator.reduce(t, "sum").tolist()
 
+    def max(self, value: float) -> float:
+        """Maximum over ranks."""
+        if self.accelerator is None:
+            return value
+        return float(self.accelerator.gather(torch.tensor([value], dtype=torch.float64)).max())
+
     def max_int(self, value: int) -> int:
         if self.accelerator is None:
             return value

@@ -70,24 +70,30 @@ class Batch:
 
 @dataclass
 class UpdateStats:
-    """Means over the step's optimizer updates (losses, entropy: per global mini-batch; clip and ratio
-    statistics: sequence-weighted over the mini-batch) and how many updates a non-finite value skipped."""
+    """Means over the step's optimizer updates of statistics of each update's global mini-batch, and how many
+    updates a non-finite value skipped. Every statistic is of the whole mini-batch, whatever its split into
+    micro-batches and processes: token fractions and means are weighted by tokens, the maximum is a maximum."""
 
     policy_loss: float = 0.0
     kl_loss: float = 0.0
     entropy: float = 0.0
     """Mean per-token entropy of the policy over the mini-batch's response tokens."""
     clip_frac: float = 0.0
+    """Fraction of response tokens whose reward-head gradient the PPO clip removed."""
     kl_clip_frac: float = 0.0
+    """Fraction of response tokens whose KL-head gradient the KL clip removed (decoupled, off-policy)."""
     ratio_mean: float = 0.0
+    """Mean importance ratio over response tokens."""
     ratio_max: float = 0.0
+    """Largest importance ratio of a response token."""
     grad_norm: float = 0.0
     """Global gradient norm before clipping."""
     skipped_updates: int = 0
 
 
-SHARED_STATS = ("policy_loss", "kl_loss", "entropy", "clip_frac", "kl_clip_frac", "ratio_mean", "ratio_max")
-"""The :class:`UpdateStats` fields each rank holds a share of (summed over ranks; the grad norm is global)."""
+SHARED_STATS = ("policy_loss", "kl_loss", "entropy", "clip_frac", "kl_clip_frac", "ratio_mean")
+"""The :class:`UpdateStats` fields each rank holds a share of (summed over ranks; the grad norm is global, the
+ratio maximum a maximum over ranks)."""
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -184,10 +190,11 @@ def accumulate_micro_batch(
     scale: float,
     nan: bool,
     totals: UpdateStats,
-) -> bool:
+) -> tuple[bool, float]:
     """Forward and backward of micro-batch ``rows`` (m,) with the global normalisers; gradients accumulate in
     the parameters, the micro-batch's shares of the statistics in ``totals``. Returns whether its loss is
-    finite. ``scale``: the world size W (DDP averages gradients over ranks); ``nan``: the fault hook's NaN."""
+    finite and its largest importance ratio. ``scale``: the world size W (DDP averages gradients over ranks);
+    ``nan``: the fault hook's NaN."""
     logp, entropy = train_model(batch.input_ids[rows], batch.attention_mask[rows], batch.response_start, True)
     mask = batch.mask[rows]
     old_logp = _rows(batch.old_logp, rows)
@@ -210,12 +217,11 @@ def accumulate_micro_batch(
     totals.kl_loss += float(terms.kl_loss)
     totals.entropy += float(torch.where(mask, entropy.detach(), 0.0).sum()) / max(num_tokens, 1)
     diag = objective_diagnostics(logp, batch.ref_logp[rows], mask, adv[rows], spec, old_logp=old_logp)
-    m = rows.numel()  # weighted by the micro-batch's share m / num_sequences of the mini-batch's sequences
-    totals.clip_frac += diag["clip_frac"] * m / num_sequences
-    totals.kl_clip_frac += diag["kl_clip_frac"] * m / num_sequences
-    totals.ratio_mean += diag["ratio_mean"] * m / num_sequences
-    totals.ratio_max += diag["ratio_max"] * m / num_sequences
-    return finite
+    share = float(mask.sum()) / max(num_tokens, 1)  # the micro-batch's share of the mini-batch's tokens
+    totals.clip_frac += diag["clip_frac"] * share
+    totals.kl_clip_frac += diag["kl_clip_frac"] * share
+    totals.ratio_mean += diag["ratio_mean"] * share
+    return finite, diag["ratio_max"]
 
 
 def update(
@@ -256,11 +262,11 @@ def update(
         adv = step_advantages(batch, cur_logp, cfg, spec, dist)  # (n, T)
         for rows, n_tok in zip(mini_batches, tokens, strict=True):
             optimizer.zero_grad(set_to_none=True)
-            finite = True
+            finite, ratio_max = True, -math.inf
             starts = range(0, rows.numel(), size)
             for start in starts:
                 with dist.no_sync(train_model, sync=start == starts[-1]):  # DDP all-reduces after the last one
-                    finite &= accumulate_micro_batch(
+                    micro_finite, micro_ratio_max = accumulate_micro_batch(
                         train_model,
                         batch,
                         rows[start : start + size],
@@ -272,7 +278,9 @@ def update(
                         nan=inject_nan,
                         totals=totals,
                     )
+                finite, ratio_max = finite and micro_finite, max(ratio_max, micro_ratio_max)
             finite = dist.all_true(finite)
+            totals.ratio_max += dist.max(ratio_max)
             grad_norm = dist.clip_grad_norm_(train_model, cfg.optim.grad_clip or float("inf"))
             totals.grad_norm += float(grad_norm)
             updates += 1
@@ -285,5 +293,5 @@ def update(
                 fault("update", record_step)
     shared = dist.sum([getattr(totals, name) for name in SHARED_STATS])  # each rank holds its share
     totals = dataclasses.replace(totals, **dict(zip(SHARED_STATS, shared, strict=True)))
-    means = {name: getattr(totals, name) / updates for name in (*SHARED_STATS, "grad_norm")}
+    means = {name: getattr(totals, name) / updates for name in (*SHARED_STATS, "ratio_max", "grad_norm")}
     return dataclasses.replace(totals, **means)
