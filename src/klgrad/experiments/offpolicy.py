@@ -63,7 +63,8 @@ def _run_name(label: str) -> str:
 def offpolicy_verdict(tail: dict[str, dict[str, float]], steps: int, seed: int) -> str:
     """The verdict markdown: per variant the last-10-step means of the KL, the reward and the clip fraction."""
     lines = [
-        "# Off-policy KL correction (paper appendix: off-policy correction; SPEC §7)",
+        "# Off-policy KL correction (paper appendix: off-policy correction; docs/math.md, "
+        "“Off-policy: importance sampling and the clip side”)",
         "",
         f"k2 as loss, sequence level, β = 0.5, 4 PPO epochs × 2 mini-batches per rollout, lr 3e-4, {steps} "
         f"steps, seed {seed}. Mean of the last 10 steps:",
