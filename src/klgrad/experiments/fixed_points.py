@@ -183,9 +183,8 @@ def run_regime(space: TabularSpace, ref_logits: Tensor, reward: Tensor, cfg: Fix
     return out
 
 
-def run_fixed_points(cfg: FixedPointConfig = FixedPointConfig()) -> dict[str, Any]:
-    """Both regimes on one reference policy; the JSON-ready result."""
-    t0 = time.perf_counter()
+def build_problem(cfg: FixedPointConfig) -> tuple[TabularSpace, Tensor, dict[str, Tensor]]:
+    """The tabular space, the reference logits (S, V), and per regime the reward R (N,) of every response."""
     space = build_space(cfg.vocab, cfg.length, eos=True)
     g = torch.Generator().manual_seed(cfg.seed)
     ref_logits = cfg.ref_scale * torch.randn(space.num_states, space.vocab, generator=g, dtype=torch.float64)
@@ -194,6 +193,13 @@ def run_fixed_points(cfg: FixedPointConfig = FixedPointConfig()) -> dict[str, An
         "sharpening": rewarded_set(ref_prob, cfg.sharpening_mass, most_likely=True),
         "discovery": rewarded_set(ref_prob, cfg.discovery_mass, most_likely=False),
     }
+    return space, ref_logits, rewards
+
+
+def run_fixed_points(cfg: FixedPointConfig = FixedPointConfig()) -> dict[str, Any]:
+    """Both regimes on one reference policy; the JSON-ready result."""
+    t0 = time.perf_counter()
+    space, ref_logits, rewards = build_problem(cfg)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tensors of ~10² entries: a second thread only adds synchronisation
     try:
