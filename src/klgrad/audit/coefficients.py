@@ -21,13 +21,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from klgrad.kl import KL_HEADS
+from klgrad.plotting import pyplot, save
 
 DEFAULT_HEADS: tuple[str, ...] = ("k1_in_reward", "k2_as_loss", "k3_as_loss", "mse_in_reward", "k1_as_loss")
 """The heads of the paper's Figure 1."""
@@ -136,12 +136,7 @@ def plot_coefficient_curves(curves: dict, path: str | os.PathLike[str]) -> None:
     dash-dot royal blue: MSE; dotted gray: k1 as loss (zero expected gradient); a dashed vertical line at
     log π_ref. y is clipped to (-4, 4): k3 leaves the frame below, as in the paper.
     """
-    import matplotlib
-
-    if "matplotlib.pyplot" not in sys.modules:  # never switch the backend of a session that already plots
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     x = curves["log_pi"]
     lo, hi = curves.get("lo", x[0]), curves.get("hi", x[-1])
     fig, ax = plt.subplots(figsize=(9.0, 5.5))
@@ -170,8 +165,7 @@ def plot_coefficient_curves(curves: dict, path: str | os.PathLike[str]) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=9, framealpha=0.92)
     fig.tight_layout()
-    fig.savefig(Path(path), dpi=150)
-    plt.close(fig)
+    save(fig, Path(path), dpi=150)
 
 
 def write_coefficient_figure(out_dir: str | os.PathLike[str]) -> dict:

@@ -33,8 +33,10 @@ from klgrad.audit.tabular import (
     random_logits,
     token_logps,
 )
+from klgrad.fmt import fmt_num
 from klgrad.kl import KL_HEADS, LEVELS, KLHead, custom_kl_head, kl_loss_per_sequence, masked_sum
 from klgrad.objective import combined_advantages, policy_gradient_loss
+from klgrad.plotting import pyplot, save
 
 REGIMES: tuple[str, ...] = ("on_policy", "is_seq", "is_tok", "is_seq_clip", "no_is")
 AUDIT_HEADS: tuple[str, ...] = (
@@ -270,11 +272,8 @@ def run_audit(cfg: AuditConfig, penalty: str | None = None) -> dict:
 
 
 def _fmt(x: float | None) -> str:
-    if x is None:
-        return "—"
-    if x == 0 or (abs(x) < 1e-12):
-        return "<1e-12" if x != 0 else "0"
-    return f"{x:.2e}" if abs(x) < 1e-2 or abs(x) >= 1e3 else f"{x:.3f}"
+    """A relative error or variance for the tables: "0", "<1e-12" (float64 round-off), 3 decimals or 2e."""
+    return fmt_num(x, 3, sci_digits=2, sci_below=1e-2, sci_from=1e3, tiny=1e-12, tiny_text="<1e-12", zero="0")
 
 
 def print_tables(result: dict, console=None) -> None:
@@ -344,11 +343,7 @@ def print_tables(result: dict, console=None) -> None:
 
 def plot_audit(result: dict, path: Path) -> None:
     """Two panels: on-policy bias vs reference distance; off-policy regimes per head (log scale)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.2))
     sweep = result["sweep"]
     styles = {
@@ -415,8 +410,7 @@ def plot_audit(result: dict, path: Path) -> None:
         fontsize=12,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
+    save(fig, path, dpi=130, bbox_inches="tight")
 
 
 def write_audit(result: dict, out_dir: Path) -> dict[str, Path]:

@@ -31,6 +31,7 @@ from klgrad.config import Config, load_config
 from klgrad.experiments.exact_kl import sampled_kl_estimates, tree_kl
 from klgrad.experiments.exact_objective import PRUNE, exact_objective
 from klgrad.experiments.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
+from klgrad.plotting import pyplot, save
 from klgrad.runlock import run_lock
 from klgrad.trainer import load_data, read_jsonl, reference_path, reward_specs, train
 
@@ -475,10 +476,7 @@ def _run_records(out_dir: Path, method: str, beta: float, seeds: list[int]) -> l
 def plot_grid(out_dir: Path, grid, methods, betas) -> None:
     """The paper's panel layout (training batches: mean over seeds with a ±1 sd band, one colour per method,
     first β) and a row of held-out evaluations: distance to the optimum π*, to the reference, accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     b = betas[0]
@@ -522,16 +520,12 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
         fontsize=11,
     )
     fig.tight_layout()
-    fig.savefig(out_dir / "comparison.png", dpi=110)
-    plt.close(fig)
+    save(fig, out_dir / "comparison.png", dpi=110)
 
 
 def plot_frontier(results: list[dict], path: Path, methods) -> None:
     """Final KL to the reference vs final held-out greedy accuracy: one point per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     key = "exact_kl" if all(r.get("exact_kl") is not None for r in results) else "sampled_k1"
     markers = ["o", "s", "^", "D", "v", "P"]
@@ -558,5 +552,4 @@ def plot_frontier(results: list[dict], path: Path, methods) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path, dpi=120)

@@ -5,14 +5,15 @@ max(min(s, std_max), std_min). For rewards 1 ± δ in the paper's pattern [-, +,
 values are ±δ and std = δ·√(4/3), so without a floor |A| = √3/2 ≈ 0.8660 for *every* δ > 0 (the
 amplification), while with a floor m, |A| = δ/m once std < m, i.e. δ < m·√3/2, and √3/2 above.
 
-Every advantage here is computed by :func:`klgrad.advantages.shape_rewards` (method ``"grpo"``, float64).
+Every advantage here is computed by :func:`klgrad.advantages.shape_rewards` (method ``"grpo"``, float64). This is
+the first half of `klgrad reproduce group-norm`; the second, RL runs on a signal-free reward, is
+:mod:`klgrad.experiments.group_norm_rl`. Results: docs/reproduction.md, section "6. Group normalisation (appendix J)".
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,22 +22,12 @@ import numpy as np
 import torch
 
 from klgrad.advantages import shape_rewards
+from klgrad.plotting import pyplot, save
 
 PAPER_REWARDS: tuple[float, ...] = (0.99999, 1.00001, 0.99999, 1.00001)
 PAPER_ADVANTAGES: tuple[float, ...] = (-0.8660, 0.8660, -0.8660, 0.8660)  # paper, appendix J (std unbiased)
 PAPER_STD_MIN = 1e-1  # paper: "setting std_min ... (e.g., 10^-1) may be effective"
 PATTERN: tuple[float, ...] = (-1.0, 1.0, -1.0, 1.0)
-
-
-def _pyplot():
-    """matplotlib.pyplot, switching to the Agg backend only if pyplot was not imported yet."""
-    if "matplotlib.pyplot" not in sys.modules:
-        import matplotlib
-
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _label(std_min: float | None) -> str:
@@ -133,7 +124,7 @@ def run_group_norm_amplification(
 
 
 def _plot(path: Path, res: dict[str, Any]) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 5.4), gridspec_kw={"width_ratios": [1, 1.3]})
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.85, len(res["sweep"])))
     colors = [(0.85, 0.2, 0.15, 1.0) if s["std_min"] is None else c for s, c in zip(res["sweep"], colors, strict=True)]
@@ -184,8 +175,7 @@ def _plot(path: Path, res: dict[str, Any]) -> None:
     ax1.set_title("(b) |A| vs spread: lines = min(√3/2, δ/std_min); dotted = crossover")
     ax1.legend(fontsize=7.5, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, dpi=110)
 
 
 def _verdict(res: dict[str, Any]) -> str:
