@@ -514,7 +514,7 @@ def config_reference() -> str:
     lines = ["| field | type | default | meaning |", "|---|---|---|---|"]
 
     def walk(cls: type, prefix: str) -> None:
-        docs = _field_docs(cls)
+        docs = field_docs(cls)
         hints = _hints(cls)
         default_obj = cls()
         for f in dataclasses.fields(cls):
@@ -532,7 +532,7 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
-def _field_docs(cls: type) -> dict[str, str]:
+def field_docs(cls: type) -> dict[str, str]:
     """The string literal under each field (attribute docstrings)."""
     src = inspect.getsource(cls)
     tree = ast.parse(src)
