@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from klgrad.advantages import SHAPING_METHODS, ShapingMethod
 from klgrad.config import (
+    AlgoConfig,
     Config,
     ConfigError,
+    KLConfig,
     config_reference,
     load_config,
     parse_override_args,
     to_dict,
 )
+from klgrad.kl import Level, RatioLevel, RewardRatioLevel
+from klgrad.objective import Aggregation, Form
 
 
 def test_defaults_are_valid_and_round_trip_through_dict():
@@ -68,6 +75,26 @@ def test_bad_values_name_the_dotted_field(overrides, field):
 def test_choice_errors_list_the_allowed_values():
     with pytest.raises(ConfigError, match=r"\['sequence', 'token_to_go', 'token'\]"):
         load_config(overrides={"kl.level": "tokn"})
+
+
+def test_choice_fields_are_typed_by_the_modules_that_define_the_choices():
+    """One list of allowed values per choice: the config field's type is the implementing module's Literal, so
+    validation, completion and docs/configuration.md follow the code."""
+    kl, algo = typing.get_type_hints(KLConfig), typing.get_type_hints(AlgoConfig)
+    typed = [
+        (kl["level"], Level),
+        (kl["form"], Form),
+        (kl["ratio_level"], RatioLevel),
+        (algo["shaping"], ShapingMethod),
+        (algo["ratio_level"], RewardRatioLevel),
+        (algo["aggregation"], Aggregation),
+    ]
+    assert all(field is alias for field, alias in typed)  # the very objects, not equal re-declarations
+    for method in SHAPING_METHODS:
+        group_size = 1 if method in ("none", "batch_baseline", "batch_norm", "reinforce", "reinforce_pp") else 2
+        assert load_config(overrides={"algo.shaping": method, "rollout.group_size": group_size}).algo.shaping == method
+    with pytest.raises(ConfigError, match=r"^algo\.shaping must be one of \['none', 'group_baseline', .*got 'grpo2'"):
+        load_config(overrides={"algo.shaping": "grpo2"})
 
 
 def test_bad_files(tmp_path):

@@ -40,7 +40,6 @@ def _choices(tp: typing.Any) -> tuple[str, ...] | None:
 
 def _config_options() -> list[Option]:
     """``--section.field`` for every config leaf, with its doc line and choices."""
-    from klgrad.advantages import SHAPING_METHODS
     from klgrad.config import Config, field_docs
     from klgrad.kl import KL_HEADS
 
@@ -56,8 +55,6 @@ def _config_options() -> list[Option]:
             choices = _choices(tp)
             if dotted == "kl.head":  # TODO(HeadName): typed str until klgrad.kl defines a HeadName Literal
                 choices = tuple(KL_HEADS)
-            if dotted == "algo.shaping":
-                choices = tuple(SHAPING_METHODS)
             out.append(Option(f"--{dotted}", docs.get(f.name, ""), True, choices))
 
     walk(Config, "")
