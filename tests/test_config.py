@@ -25,7 +25,7 @@ from klgrad.config import (
     parse_override_args,
     to_dict,
 )
-from klgrad.kl import KL_HEADS, Level, RatioLevel, RewardRatioLevel
+from klgrad.kl import KL_HEADS, HeadName, Level, RatioLevel, RewardRatioLevel
 from klgrad.objective import Aggregation, Form
 
 
@@ -88,6 +88,7 @@ def test_choice_fields_are_typed_by_the_modules_that_define_the_choices():
     validation, completion and docs/configuration.md follow the code."""
     kl, algo = typing.get_type_hints(KLConfig), typing.get_type_hints(AlgoConfig)
     typed = [
+        (kl["head"], HeadName),
         (kl["level"], Level),
         (kl["form"], Form),
         (kl["ratio_level"], RatioLevel),

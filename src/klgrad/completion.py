@@ -41,7 +41,6 @@ def _choices(tp: typing.Any) -> tuple[str, ...] | None:
 def _config_options() -> list[Option]:
     """``--section.field`` for every config leaf, with its doc line and choices."""
     from klgrad.config import Config, field_docs
-    from klgrad.kl import KL_HEADS
 
     out: list[Option] = []
 
@@ -52,10 +51,7 @@ def _config_options() -> list[Option]:
             if dataclasses.is_dataclass(tp):
                 walk(tp, dotted + ".")
                 continue
-            choices = _choices(tp)
-            if dotted == "kl.head":  # TODO(HeadName): typed str until klgrad.kl defines a HeadName Literal
-                choices = tuple(KL_HEADS)
-            out.append(Option(f"--{dotted}", docs.get(f.name, ""), True, choices))
+            out.append(Option(f"--{dotted}", docs.get(f.name, ""), True, _choices(tp)))
 
     walk(Config, "")
     return out
