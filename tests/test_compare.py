@@ -1,4 +1,5 @@
-"""A tiny `klgrad compare` grid end to end: runs, skips finished runs, writes every file."""
+"""`klgrad compare`: a tiny grid end to end (runs, skips finished runs, writes every file), and the verdicts of its
+predictions on hand-built per-seed results whose right verdict is known."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ import pytest
 import torch
 
 from klgrad.cli import main
-from klgrad.experiments.compare import method_overrides, run_compare
+from klgrad.experiments.compare import (
+    PREDICTIONS,
+    final_value,
+    method_overrides,
+    run_compare,
+    summarize,
+    summary_markdown,
+)
+from klgrad.experiments.stats import OPPOSITE, SUPPORTED, UNRESOLVED
 from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
 from tolerances import llama_depth, network_tol
-
-pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 
 SMALL = {
     "data.n_eval": 8,
@@ -24,6 +31,8 @@ SMALL = {
 }
 
 
+@pytest.mark.slow
+@pytest.mark.numerics
 def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
     out = tmp_path / "cmp"
     kw = dict(
@@ -62,17 +71,29 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         delta = network_tol(llama_depth(4), 512, 30.0)
         assert abs(evals[0]["eval/exact_kl"]) <= 8 * 2 * delta**2
     assert "kl_to_optimum" in summary["table"]["k2_as_loss@0.5"]
-    claims = [p["claim"] for p in summary["predictions"]]
-    assert any("k2_as_loss keeps KL below k3_as_loss" in c for c in claims)
-    for p in summary["predictions"]:
-        assert p["verdict"] in ("supported", "opposite", "not resolved at this sample size")
-        assert "paired" in p["test"]
-        assert p["n_pairs"] == 2
-        assert len(p["differences"]) == 2
-        assert p["ci95"][0] <= p["mean_difference"] <= p["ci95"][1]
+    assert summary["kl_metric"] == "exact_kl"  # the answers are short: the KL is enumerated, not sampled
+    # every prediction among none, k2_as_loss, k3_as_loss, in PREDICTIONS' order (k1_* claims need their methods)
+    wanted = [c for c in PREDICTIONS if {c[2], c[3]} <= set(kw["methods"]) and c[1] == "less"]
+    assert [p["claim"] for p in summary["predictions"]] == [c[0] for c in wanted]
+    assert summary["predictions"] == data["predictions"]
     md = (out / "summary.md").read_text()
-    assert "Welch" in md
-    assert "paired" in md
+    for p, (_, kind, a, b, metric) in zip(summary["predictions"], wanted, strict=True):
+        assert (p["kind"], p["a"], p["b"]) == (kind, a, b)
+        assert p["metric"] == ("exact_kl" if metric == "kl" else metric)
+        # paired by seed: d_s = a_s − b_s read back from the runs' own final numbers
+        run = {(r["method"], r["seed"]): r for r in data["runs"]}
+        d = [final_value(run[(a, s)], p["metric"]) - final_value(run[(b, s)], p["metric"]) for s in (0, 1)]
+        assert p["differences"] == d
+        assert p["mean_difference"] == pytest.approx(sum(d) / 2, abs=1e-15)
+        assert p["n_negative"] == sum(x < 0 for x in d)
+        # the verdict follows the Holm-adjusted p (never below the raw one) and the sign of mean d
+        assert p["p_adjusted"] >= p["p_value"]
+        significant = p["p_adjusted"] < p["alpha"]
+        expected = (SUPPORTED if p["mean_difference"] < 0 else OPPOSITE) if significant else UNRESOLVED
+        assert p["verdict"] == expected
+        assert f"| {p['claim']} | {p['metric']} |" in md
+        assert f"**{p['verdict']}** |" in md.split(f"| {p['claim']} |", 1)[1].split("\n", 1)[0]
+    assert all(f"| {m}@0.5 |" in md for m in kw["methods"])
     # The paired design: at step 1 every method's policy is the reference, and runs of one seed draw the same
     # prompts and uniforms, so they sample the very same responses (equal rewards and lengths, exactly).
     for seed in (0, 1):
@@ -107,12 +128,117 @@ def test_methods_differ_only_in_the_kl_choice():
         method_overrides("k4", "token", 0.5)
 
 
-def test_cli_rejects_bad_grids(capsys):
-    assert main(["compare", "--methods", "k4_as_loss"]) == 2
-    assert "unknown methods" in capsys.readouterr().err
-    assert main(["compare", "--seeds", "1"]) == 2
+# ----------------------------------------------------------------------------------------------------------
+# the predictions' verdicts on hand-built per-seed results (no training): each claim's right verdict is known
+
+SEEDS = range(6)
+BASE = [0.2, 0.9, 0.4, 1.5, 0.7, 1.1]
+"""A seed effect shared by every method of a seed (the block), large against the effects below."""
+JITTER = [0.01, -0.02, 0.015, -0.005, 0.0, 0.01]
+"""Small per-seed noise: a shift of ±0.3 or more is on the same side of 0 in every seed."""
+NOISE = [0.3, -0.3, 0.1, -0.1, 0.2, -0.2]
+"""Differences with mean 0: no direction at all."""
 
 
+def _arm(offset: float, noise: list[float] | None = None) -> list[float]:
+    return [b + offset + e for b, e in zip(BASE, noise or [0.0] * 6, strict=True)]
+
+
+# metric -> method -> one value per seed. Claims (a < b unless "≈"), and the verdict each must get:
+ARMS = {
+    "exact_kl": {
+        "none": _arm(1.0),
+        "k1_as_loss": _arm(1.0, [0.001, -0.001, 0.002, -0.002, 0.0005, -0.0005]),  # ≈ none: supported
+        "k2_as_loss": _arm(0.2, JITTER),  # below k3 in every seed by ~0.3: supported
+        "k3_as_loss": _arm(0.5),
+        "k1_in_reward": _arm(0.2),
+    },
+    "logp_gap": {m: _arm(0.0) for m in ("none", "k1_as_loss", "k1_in_reward", "k3_as_loss")}
+    | {"k2_as_loss": _arm(0.6, JITTER)},  # k2 above k3 in every seed: opposite
+    "reward_std_in_group": {m: _arm(0.0) for m in ("none", "k1_as_loss", "k1_in_reward", "k3_as_loss")}
+    | {"k2_as_loss": _arm(0.0, NOISE)},  # no direction: not resolved
+    "kl_to_optimum": {
+        "k1_in_reward": _arm(0.0),
+        "k3_as_loss": _arm(0.4, JITTER),  # k1_in_reward closer than k3: supported
+        "none": _arm(-0.3, JITTER),  # k1_in_reward farther than none: opposite
+        "k2_as_loss": _arm(-0.3, NOISE),  # vs k3: −0.7 ± 0.3, supported; vs none: NOISE, not resolved
+        "k1_as_loss": _arm(0.0),
+    },
+}
+EXPECTED = {
+    "k1_as_loss ≈ none (no regularisation) on final KL": SUPPORTED,
+    "k2_as_loss keeps KL below k3_as_loss": SUPPORTED,
+    "k2_as_loss keeps the log-prob gap below k3_as_loss": OPPOSITE,
+    "k2_as_loss has lower reward std within groups than k3_as_loss": UNRESOLVED,
+    "k1_in_reward ends closer to π* than k3_as_loss": SUPPORTED,
+    "k1_in_reward ends closer to π* than none": OPPOSITE,
+    "k2_as_loss ends closer to π* than k3_as_loss": SUPPORTED,
+    "k2_as_loss ends closer to π* than none": UNRESOLVED,
+}
+
+
+def _results(methods=tuple(ARMS["exact_kl"]), drop: tuple[str, int] | None = None) -> list[dict]:
+    """final.json-like records of the hand-built grid (one per method and seed), as run_compare collects them."""
+    out = []
+    for m in methods:
+        for s in SEEDS:
+            if (m, s) == drop:
+                continue
+            r = {"method": m, "beta": 0.5, "seed": s, "exact_kl": ARMS["exact_kl"][m][s]}
+            r |= {k: ARMS[k][m][s] for k in ("logp_gap", "reward_std_in_group")}
+            r["objective"] = {"kl_to_optimum": ARMS["kl_to_optimum"][m][s]}
+            out.append(r)
+    return out
+
+
+def test_hand_built_results_get_the_verdicts_they_call_for():
+    methods = tuple(ARMS["exact_kl"])
+    summary = summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6)
+    assert summary["kl_metric"] == "exact_kl"
+    got = {p["claim"]: p for p in summary["predictions"]}
+    assert {c: p["verdict"] for c, p in got.items()} == EXPECTED
+    for p in summary["predictions"]:  # paired by seed, in seed order
+        want = [x - y for x, y in zip(ARMS[p["metric"]][p["a"]], ARMS[p["metric"]][p["b"]], strict=True)]
+        assert p["differences"] == want, p["claim"]
+        assert p["n_pairs"] == 6
+    # the equivalence margin is half the KL that k2_as_loss removes from no-KL training: ½·0.8 (with jitter)
+    assert got["k1_as_loss ≈ none (no regularisation) on final KL"]["margin"] == pytest.approx(0.4, abs=0.01)
+    assert got["k2_as_loss keeps KL below k3_as_loss"]["n_negative"] == 6
+    assert got["k2_as_loss keeps the log-prob gap below k3_as_loss"]["n_negative"] == 0
+    # unpaired, the seed effect hides the 0.3 shift that pairing resolves
+    assert got["k2_as_loss keeps KL below k3_as_loss"]["welch"]["verdict"] == UNRESOLVED
+    md = summary_markdown(summary)
+    assert "**the opposite holds**: k3_as_loss ends lower than k2_as_loss" in md
+    for claim, verdict in EXPECTED.items():
+        assert f"**{verdict}** |" in md.split(f"| {claim}", 1)[1].split("\n", 1)[0], claim
+
+
+def test_predictions_need_their_methods_and_pair_only_shared_seeds():
+    methods = ("none", "k2_as_loss", "k3_as_loss")
+    summary = summarize(_results(methods, drop=("k3_as_loss", 5)), methods, (0.5,), "token", steps=60, seeds=6)
+    claims = {p["claim"]: p for p in summary["predictions"]}
+    # the k1_* claims need their methods; "k1_as_loss ≈ none" also needs k2_as_loss for its margin
+    assert set(claims) == {c for c in EXPECTED if "k1_" not in c}
+    assert claims["k2_as_loss ends closer to π* than none"]["n_pairs"] == 6
+    short = claims["k2_as_loss keeps KL below k3_as_loss"]
+    assert short["n_pairs"] == 5  # seed 5 has no k3_as_loss run
+    k2, k3 = ARMS["exact_kl"]["k2_as_loss"], ARMS["exact_kl"]["k3_as_loss"]
+    assert short["differences"] == [x - y for x, y in zip(k2[:5], k3[:5], strict=True)]
+    assert {c: p["verdict"] for c, p in claims.items()} == {c: EXPECTED[c] for c in claims}
+
+
+def test_cli_rejects_bad_grids(capsys, tmp_path):
+    out = str(tmp_path / "cmp")
+    assert main(["compare", "--out", out, "--methods", "k2_as_loss,k4_as_loss"]) == 2
+    assert "unknown methods ['k4_as_loss']" in capsys.readouterr().err
+    for flag, value in (("--seeds", "1"), ("--steps", "0")):
+        assert main(["compare", "--out", out, flag, value]) == 2
+        assert "--seeds must be >= 2, --steps >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "cmp").exists()  # refused before any run
+
+
+@pytest.mark.slow
+@pytest.mark.numerics
 def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
     """kl.reset_ref_every = 2 with 2 steps: the reference is reset to the policy after the last step, so the
     run ends regularised towards itself and its final KL is exactly 0 (the policy did move: lr 1e-3)."""

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from klgrad.cli import build_parser, completion_script, completion_spec, main
+from klgrad.cli import build_parser, main
+from klgrad.completion import completion_script, completion_spec
 from klgrad.config import Config
 from klgrad.kl import KL_HEADS
 

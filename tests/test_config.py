@@ -1,19 +1,32 @@
-"""Config: YAML + dotted overrides, validation errors that name the dotted field, generated reference."""
+"""Config: YAML + dotted overrides, validation errors that name the dotted field, generated reference, choice
+fields typed by their modules' Literals, and the config fuzzing that docs/reliability.md reports."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
+import typing
+from typing import Any
+
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from case_counts import CASES, report_counts
+from klgrad.advantages import SHAPING_METHODS, ShapingMethod
 from klgrad.config import (
+    AlgoConfig,
     Config,
     ConfigError,
+    KLConfig,
     config_reference,
     load_config,
     parse_override_args,
     to_dict,
 )
+from klgrad.kl import KL_HEADS, HeadName, Level, RatioLevel, RewardRatioLevel
+from klgrad.objective import Aggregation, Form
 
 
 def test_defaults_are_valid_and_round_trip_through_dict():
@@ -68,6 +81,27 @@ def test_bad_values_name_the_dotted_field(overrides, field):
 def test_choice_errors_list_the_allowed_values():
     with pytest.raises(ConfigError, match=r"\['sequence', 'token_to_go', 'token'\]"):
         load_config(overrides={"kl.level": "tokn"})
+
+
+def test_choice_fields_are_typed_by_the_modules_that_define_the_choices():
+    """One list of allowed values per choice: the config field's type is the implementing module's Literal, so
+    validation, completion and docs/configuration.md follow the code."""
+    kl, algo = typing.get_type_hints(KLConfig), typing.get_type_hints(AlgoConfig)
+    typed = [
+        (kl["head"], HeadName),
+        (kl["level"], Level),
+        (kl["form"], Form),
+        (kl["ratio_level"], RatioLevel),
+        (algo["shaping"], ShapingMethod),
+        (algo["ratio_level"], RewardRatioLevel),
+        (algo["aggregation"], Aggregation),
+    ]
+    assert all(field is alias for field, alias in typed)  # the very objects, not equal re-declarations
+    for method in SHAPING_METHODS:
+        group_size = 1 if method in ("none", "batch_baseline", "batch_norm", "reinforce", "reinforce_pp") else 2
+        assert load_config(overrides={"algo.shaping": method, "rollout.group_size": group_size}).algo.shaping == method
+    with pytest.raises(ConfigError, match=r"^algo\.shaping must be one of \['none', 'group_baseline', .*got 'grpo2'"):
+        load_config(overrides={"algo.shaping": "grpo2"})
 
 
 def test_bad_files(tmp_path):
@@ -171,3 +205,239 @@ def test_gspo_ratio_is_a_reward_head_level_only():
     assert objective_spec(cfg).ratio_level == "gspo"
     with pytest.raises(ConfigError, match=r"^kl\.ratio_level must be one of \['token', 'sequence'\]"):
         load_config(None, {"kl.ratio_level": "gspo"})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# config fuzzing (docs/reliability.md, guarantee 4): unknown keys, wrong types, out-of-range values ->
+# ConfigError naming the field
+
+
+def _field_types() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            tp = hints[f.name]
+            if dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{f.name}.")
+            else:
+                out[f"{prefix}{f.name}"] = tp
+
+    walk(Config, "")
+    return out
+
+
+FIELDS = _field_types()
+SECTIONS = sorted({k.split(".")[0] for k in FIELDS})
+_IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
+
+
+def _unwrap(tp: Any) -> tuple[Any, bool]:
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType):
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], type(None) in args
+    return tp, False
+
+
+def _valid_float(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _type_ok(base: Any, v: Any) -> bool:
+    """Whether ``v`` has the right type for ``base`` (the oracle: wrong-typed values must be refused)."""
+    origin = typing.get_origin(base)
+    if origin is typing.Literal:
+        return v in typing.get_args(base) and isinstance(v, str)
+    if origin is tuple:
+        return isinstance(v, list | tuple) and len(v) == 2 and all(_valid_float(x) for x in v)
+    if origin is list:
+        return True  # reward.functions: its own strategy below
+    if base is bool:
+        return isinstance(v, bool)
+    if base is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if base is float:
+        return _valid_float(v)
+    if base is str:
+        return isinstance(v, str)
+    raise AssertionError(base)
+
+
+_ANY_VALUE = st.one_of(
+    st.text(max_size=6),
+    st.integers(),
+    st.sampled_from([10**400, -(10**400), 2.5, float("nan"), float("inf"), -float("inf")]),
+    st.floats(),
+    st.booleans(),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@st.composite
+def wrong_type(draw):
+    key = draw(st.sampled_from(sorted(k for k in FIELDS if k != "reward.functions")))
+    base, _ = _unwrap(FIELDS[key])
+    value = draw(_ANY_VALUE.filter(lambda v: not _type_ok(base, v) and v is not None))
+    return "wrong_type", {key: value}
+
+
+@st.composite
+def unknown_key(draw):
+    if draw(st.booleans()):
+        section = draw(st.sampled_from(SECTIONS))
+        name = draw(_IDENT.filter(lambda n: f"{section}.{n}" not in FIELDS))
+        return "unknown_key", {f"{section}.{name}": draw(_ANY_VALUE)}
+    section = draw(_IDENT.filter(lambda n: n not in SECTIONS))
+    return "unknown_key", {f"{section}.{draw(_IDENT)}": draw(_ANY_VALUE)}
+
+
+def _neg(strict: bool = True):
+    """Floats <= 0 (``strict``: the field must be > 0) or < 0 (the field must be >= 0)."""
+    return st.floats(max_value=0.0 if strict else -1e-12, allow_nan=False, allow_infinity=False)
+
+
+def _int_below(n: int):
+    return st.integers(max_value=n - 1)
+
+
+GROUP_METHODS = [
+    m for m in SHAPING_METHODS if m not in ("none", "batch_baseline", "batch_norm", "reinforce", "reinforce_pp")
+]
+OUT_OF_RANGE = {
+    "kl.beta": st.floats(max_value=-1e-12, allow_nan=False, allow_infinity=False),
+    "algo.clip_eps_low": st.one_of(_neg(), st.floats(min_value=1.0, allow_nan=False, allow_infinity=False)),
+    "algo.clip_eps_high": _neg(),
+    "kl.clip_eps": st.one_of(_neg(), st.floats(min_value=1.0, allow_nan=False, allow_infinity=False)),
+    "optim.lr": _neg(),
+    "optim.weight_decay": _neg(strict=False),
+    "optim.grad_clip": _neg(),
+    "optim.warmup_steps": _int_below(0),
+    "rollout.temperature": _neg(),
+    "rollout.top_p": st.one_of(_neg(), st.floats(min_value=1.0 + 1e-9, allow_nan=False, allow_infinity=False)),
+    "rollout.prompts_per_step": _int_below(1),
+    "rollout.group_size": _int_below(1),
+    "rollout.max_new_tokens": _int_below(1),
+    "reward.timeout_s": _neg(),
+    "reward.max_failure_fraction": st.one_of(
+        _neg(strict=False), st.floats(min_value=1.0, allow_nan=False, allow_infinity=False)
+    ),
+    "kl.target_kl": _neg(),
+    "kl.reset_ref_every": _int_below(1),
+    "kl.head": _IDENT.filter(lambda n: n not in KL_HEADS),
+    "algo.shaping": _IDENT.filter(lambda n: n not in SHAPING_METHODS),
+    "algo.dual_clip": st.floats(max_value=1.0, allow_nan=False, allow_infinity=False),
+    "algo.entropy_coef": _neg(strict=False),
+    "algo.std_min": _neg(),
+    "algo.std_max": _neg(),
+    "algo.ppo_epochs": _int_below(1),
+    "algo.mini_batches": _int_below(1),
+    "algo.micro_batch_size": _int_below(1),
+    "train.steps": _int_below(1),
+    "train.save_every": _int_below(1),
+    "train.eval_every": _int_below(0),
+    "train.max_skipped_steps": _int_below(1),
+    "train.threads": _int_below(0),
+    "data.digits": _int_below(1),
+    "data.n_train": _int_below(1),
+    "data.n_eval": _int_below(1),
+}
+
+
+@st.composite
+def out_of_range(draw):
+    kind = draw(st.sampled_from(["single", "group_size_1", "not_divisible", "combined_token", "betas", "file"]))
+    if kind == "single":
+        key = draw(st.sampled_from(sorted(OUT_OF_RANGE)))
+        return "out_of_range", {key: draw(OUT_OF_RANGE[key])}
+    if kind == "group_size_1":
+        return "out_of_range", {"rollout.group_size": 1, "algo.shaping": draw(st.sampled_from(GROUP_METHODS))}
+    if kind == "not_divisible":
+        p, g = draw(st.integers(1, 12)), draw(st.integers(2, 8))
+        m = draw(st.integers(2, 64).filter(lambda m: (p * g) % m != 0 or ((p * g) // m) % g != 0))
+        return "out_of_range", {"rollout.prompts_per_step": p, "rollout.group_size": g, "algo.mini_batches": m}
+    if kind == "combined_token":
+        return "out_of_range", {"kl.form": "combined", "kl.level": "token"}
+    if kind == "betas":
+        bad = draw(st.one_of(st.floats(max_value=-1e-12, allow_nan=False), st.floats(min_value=1.0, allow_nan=False)))
+        return "out_of_range", {"optim.betas": draw(st.permutations([0.9, bad]))}
+    return "out_of_range", {"data.task": "file", "data.path": draw(st.sampled_from([None, ""]))}
+
+
+@st.composite
+def bad_reward_functions(draw):
+    value = draw(
+        st.one_of(
+            st.just([]),
+            st.text(max_size=5),
+            st.integers(),
+            st.lists(st.integers(), min_size=1, max_size=2),
+            st.lists(
+                st.fixed_dictionaries({"name": st.integers() | st.none() | st.lists(st.text(max_size=2))}),
+                min_size=1,
+                max_size=2,
+            ),
+            st.lists(
+                st.fixed_dictionaries(
+                    {"name": st.just("accuracy"), "weight": st.sampled_from(["1", float("nan"), 10**400, None])}
+                ),
+                min_size=1,
+                max_size=2,
+            ),
+            st.lists(
+                st.fixed_dictionaries({"name": st.just("accuracy"), "wieght": st.floats()}), min_size=1, max_size=1
+            ),
+        )
+    )
+    return "wrong_type", {"reward.functions": value}
+
+
+@st.composite
+def section_not_mapping(draw):
+    return "wrong_type", {draw(st.sampled_from(SECTIONS)): draw(_ANY_VALUE.filter(lambda v: not isinstance(v, dict)))}
+
+
+_PATH_RE = re.compile(r"[A-Za-z_]\w*(?:\[\d+\])*(?:\.[A-Za-z_]\w*(?:\[\d+\])*)*")
+
+
+def _names_a_field(message: str, overrides: dict[str, Any]) -> bool:
+    m = _PATH_RE.match(message)
+    if not m:
+        return False
+    name = re.sub(r"\[\d+\]", "", m.group(0))
+    known = set(FIELDS) | set(SECTIONS) | {f"reward.functions.{f}" for f in ("name", "weight")}
+    prefixes = {".".join(k.split(".")[: i + 1]) for k in overrides for i in range(k.count(".") + 1)}
+    allowed = known | prefixes
+    return name in allowed or name.rpartition(".")[0] in allowed  # the field, or an unknown key under one
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(case=st.one_of(wrong_type(), unknown_key(), out_of_range(), bad_reward_functions(), section_not_mapping()))
+@example(case=("wrong_type", {"kl.beta": 10**400}))  # a 401-digit YAML integer for a float field
+@example(case=("wrong_type", {"optim.betas": [0.9, 10**400]}))
+@example(case=("out_of_range", {"train.threads": -1}))
+@example(case=("out_of_range", {"rollout.group_size": 1, "algo.shaping": "grpo"}))
+@example(case=("out_of_range", {"rollout.prompts_per_step": 3, "rollout.group_size": 2, "algo.mini_batches": 4}))
+@example(case=("out_of_range", {"algo.clip_eps_low": 0.0}))
+def test_config_fuzz_always_raises_config_error_naming_the_field(case):
+    kind, overrides = case
+    CASES["config_fuzz"] += 1
+    CASES[f"config_fuzz_{kind}"] += 1
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=overrides)
+    message = str(info.value)
+    assert _names_a_field(message, overrides), (overrides, message)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_case_counts():
+    """The fuzz case counts docs/reliability.md reports (``KLGRAD_RELIABILITY_COUNTS``; tests/case_counts.py)."""
+    yield
+    report_counts()

@@ -1,5 +1,6 @@
 """Tests for klgrad.data: synthetic tasks (disjoint seeded splits, targets, answer extraction) and loaders
-(every format round trip, every kind of bad row, the shipped GSM8K-style sample).
+(every format round trip, every kind of bad row, the shipped GSM8K-style sample), and the dataset fuzzing that
+docs/reliability.md reports.
 
 Answers are checked against ``int(a) + int(b)`` recomputed from the prompt text, and scratchpad targets are
 re-executed column by column by an independent reader below, so a wrong sum or a wrong carry fails.
@@ -11,12 +12,14 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from case_counts import CASES, report_counts
 from klgrad.data import (
     DISCOVERY_CORRECT_FRACTION,
     HOLDOUT_FRACTION,
@@ -413,3 +416,134 @@ def test_shipped_gsm8k_sample():
         float(e.answer)  # every answer is a plain number
     with pytest.raises(DataError, match=r"gsm8k_sample\.jsonl: row 1: column 'prompt': missing column"):
         load_examples(SAMPLE)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# dataset fuzzing (docs/reliability.md, guarantee 4): bad rows -> DataError naming the file and the row, or
+# skipped and counted
+
+HUGE = 1_000_000
+ROW_KINDS = (
+    *("good",) * 3,
+    "missing", "empty", "wrong_type", "bad_utf8", "bad_json", "not_object", "nan_answer", "huge_good", "huge_bad",
+    "dup", "blank",
+)  # fmt: skip
+
+
+@st.composite
+def dataset_rows(draw):
+    """Rows as (kind, bytes line, id or None); kind 'good' rows must load, 'blank' is ignored, others are bad."""
+    use_ids = draw(st.booleans())
+    n = draw(st.integers(0, 12))
+    rows: list[tuple[str, bytes, Any]] = []
+    good_ids: list[Any] = []
+    text = st.text(min_size=1, max_size=20).filter(lambda s: s.strip())
+    ascii_ = draw(st.booleans())
+
+    def dump(obj: Any) -> bytes:
+        return json.dumps(obj, ensure_ascii=ascii_).encode("utf-8")
+
+    for i in range(n):
+        kind = draw(st.sampled_from(ROW_KINDS))
+        row: dict[str, Any] = {"prompt": draw(text), "answer": draw(text | st.integers() | st.floats(-1e6, 1e6))}
+        rid: Any = draw(st.sampled_from([f"r{i}", i])) if use_ids else None
+        if use_ids:
+            row["id"] = rid
+        if kind == "dup" and not (use_ids and good_ids):
+            kind = "good"
+        if kind == "dup":
+            rid = row["id"] = draw(st.sampled_from(good_ids))
+            rows.append(("good", dump(row), rid))
+        elif kind in ("good", "huge_good"):
+            if kind == "huge_good":
+                row["prompt"] = "x" * HUGE
+            rows.append(("good", dump(row), rid))
+            good_ids.append(rid)
+        elif kind == "missing":
+            row.pop(draw(st.sampled_from(["prompt", "answer", *(["id"] if use_ids else [])])))
+            rows.append(("bad", dump(row), None))
+        elif kind == "empty":
+            row[draw(st.sampled_from(["prompt", "answer"]))] = draw(st.sampled_from(["", " ", "\t\n", "\u3000"]))
+            rows.append(("bad", dump(row), None))
+        elif kind == "wrong_type":
+            col = draw(st.sampled_from(["prompt", "answer", *(["id"] if use_ids else [])]))
+            bad_values = [None, True, [1, 2], {"a": 1}] + ([3, 1.5] if col == "prompt" else [])
+            row[col] = draw(st.sampled_from(bad_values))
+            rows.append(("bad", dump(row), None))
+        elif kind == "bad_utf8":
+            line = dump(row)
+            cut = draw(st.integers(0, len(line)))
+            rows.append(
+                ("bad", line[:cut] + draw(st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80"])) + line[cut:], None)
+            )
+        elif kind == "bad_json":
+            rows.append(("bad", draw(st.sampled_from([b"{", b'{"prompt": "a",', b"prompt=1", b"{'a': 1}"])), None))
+        elif kind == "not_object":
+            rows.append(("bad", draw(st.sampled_from([b"[1, 2]", b'"text"', b"3", b"null", b"true"])), None))
+        elif kind == "nan_answer":
+            row["answer"] = draw(st.sampled_from([float("nan"), float("inf")]))
+            rows.append(("bad", json.dumps(row).encode(), None))
+        elif kind == "huge_bad":
+            rows.append(("bad", draw(st.sampled_from([b"{" + b"x" * HUGE, dump({"prompt": "y" * HUGE})])), None))
+        else:
+            rows.append(("blank", draw(st.sampled_from([b"", b"   ", b"\t"])), None))
+    return use_ids, rows
+
+
+def _expected(rows: list[tuple[str, bytes, Any]]):
+    """(first bad line or None, first duplicate (first line, line) or None, good rows, bad rows) in file order."""
+    seen: dict[str, int] = {}
+    first_bad = dup = None
+    good = bad = 0
+    for line_no, (kind, _, rid) in enumerate(rows, start=1):
+        if kind == "bad":
+            bad += 1
+            first_bad = first_bad or line_no
+        elif kind == "good":
+            if rid is not None and str(rid) in seen:
+                dup = (seen[str(rid)], line_no)  # the loader always stops here
+                break
+            if rid is not None:
+                seen[str(rid)] = line_no
+            good += 1
+    return first_bad, dup, good, bad
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=dataset_rows(), skip=st.booleans())
+def test_dataset_fuzz_bad_rows_raise_data_error_naming_file_and_row_or_are_counted(tmp_path_factory, case, skip):
+    use_ids, rows = case
+    path = tmp_path_factory.mktemp("data") / "fuzz.jsonl"
+    path.write_bytes(b"\n".join(line for _, line, _ in rows) + (b"\n" if rows else b""))
+    first_bad, dup, good, bad = _expected(rows)
+    CASES["dataset_fuzz"] += 1
+    CASES["dataset_fuzz_rows"] += len(rows)
+    CASES["dataset_fuzz_bad_rows"] += bad
+    kwargs = {"id_column": "id" if use_ids else None, "skip_bad_rows": skip}
+    if not skip and first_bad is not None and (dup is None or first_bad < dup[1]):
+        with pytest.raises(DataError) as info:
+            load_examples(path, **kwargs)
+        assert str(path) in str(info.value)
+        assert f"row {first_bad}:" in str(info.value), (first_bad, str(info.value)[:300])
+        return
+    if dup is not None:
+        with pytest.raises(DataError) as info:
+            load_examples(path, **kwargs)
+        assert str(path) in str(info.value)
+        assert f"rows {dup[0]} and {dup[1]}" in str(info.value)
+        return
+    if good == 0:
+        with pytest.raises(DataError, match="no valid rows") as info:
+            load_examples(path, **kwargs)
+        assert str(path) in str(info.value)
+        return
+    res = load_examples(path, **kwargs)
+    assert len(res.examples) == good
+    assert res.skipped == (bad if skip else 0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_case_counts():
+    """The fuzz case counts docs/reliability.md reports (``KLGRAD_RELIABILITY_COUNTS``; tests/case_counts.py)."""
+    yield
+    report_counts()

@@ -1,17 +1,18 @@
-"""Reliability: kill/resume bit-identity, torn checkpoints, non-finite steps, reward failure budget, untrusted
-files, extreme inputs, and config / dataset fuzzing. docs/reliability.md states each guarantee and these figures.
+"""Reliability of runs: kill/resume bit-identity, torn checkpoints, non-finite steps, reward failure budget,
+untrusted files, extreme inputs, bad data through the CLI. docs/reliability.md states each guarantee and these
+figures; the config and dataset fuzzing it cites live with their modules' tests (tests/test_config.py,
+tests/test_data.py).
 
 The slow part is ``python -m klgrad train`` started as a subprocess (about 4 s of imports each). Every such run
 (the *scenarios* below) is submitted to a two-worker pool when the module starts, so they run side by side and
 alongside the in-process tests; the tests that need one wait for its result. ``KLGRAD_RELIABILITY_COUNTS=PATH``
-writes the case counts (kill points, fuzz examples, bad inputs) to PATH as JSON at the end of the module.
+writes the case counts (kill points, fuzz examples, bad inputs) to PATH as JSON at the end of the module
+(tests/case_counts.py).
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import dataclasses
 import json
 import math
 import os
@@ -23,19 +24,17 @@ import subprocess
 import sys
 import threading
 import time
-import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from klgrad.advantages import SHAPING_METHODS
-from klgrad.config import Config, ConfigError, load_config
-from klgrad.data.loaders import DataError, load_examples
+from case_counts import CASES, report_counts
+from klgrad.config import ConfigError, load_config
 from klgrad.kl import KL_HEADS, LEVELS, RATIO_LEVELS, kl_estimate, kl_loss
 from klgrad.objective import (
     FORMS,
@@ -69,8 +68,6 @@ SMALL = (
 KILL_POINTS = (("rollout", 1), ("update", 3), ("log", 2), ("checkpoint_file", 2), ("checkpoint_rename", 4))
 N_KILL = len(KILL_POINTS)
 VOLATILE = ("time/", "tokens_per_s")
-CASES: collections.Counter[str] = collections.Counter()
-"""Cases run, by kind (docs/reliability.md reports them)."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -307,10 +304,7 @@ def _start_runs_first_and_report_counts(request):
         request.getfixturevalue("runs")
     yield
     CASES["kill_points"] = N_KILL
-    report = dict(sorted(CASES.items()))
-    print(f"\nreliability case counts: {report}")
-    if os.environ.get("KLGRAD_RELIABILITY_COUNTS"):
-        Path(os.environ["KLGRAD_RELIABILITY_COUNTS"]).write_text(json.dumps(report, indent=1))
+    print(f"\nreliability case counts: {report_counts()}")
 
 
 def fail_msg(proc: subprocess.CompletedProcess) -> str:
@@ -510,355 +504,6 @@ def test_yaml_config_with_python_tags_is_refused(tmp_path, capsys):
         assert "not valid YAML" in err
         assert not (tmp_path / f"run{i}").exists()
     assert not marker.exists()
-
-
-# --- config fuzzing: unknown keys, wrong types, out-of-range values -> ConfigError naming the field
-
-
-def _field_types() -> dict[str, Any]:
-    out: dict[str, Any] = {}
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            tp = hints[f.name]
-            if dataclasses.is_dataclass(tp):
-                walk(tp, f"{prefix}{f.name}.")
-            else:
-                out[f"{prefix}{f.name}"] = tp
-
-    walk(Config, "")
-    return out
-
-
-FIELDS = _field_types()
-SECTIONS = sorted({k.split(".")[0] for k in FIELDS})
-_IDENT = st.from_regex(r"[a-z_][a-z0-9_]{0,10}", fullmatch=True)
-
-
-def _unwrap(tp: Any) -> tuple[Any, bool]:
-    args = typing.get_args(tp)
-    if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType):
-        rest = [a for a in args if a is not type(None)]
-        return rest[0], type(None) in args
-    return tp, False
-
-
-def _valid_float(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return False
-    try:
-        return math.isfinite(float(v))
-    except OverflowError:
-        return False
-
-
-def _type_ok(base: Any, v: Any) -> bool:
-    """Whether ``v`` has the right type for ``base`` (the oracle: wrong-typed values must be refused)."""
-    origin = typing.get_origin(base)
-    if origin is typing.Literal:
-        return v in typing.get_args(base) and isinstance(v, str)
-    if origin is tuple:
-        return isinstance(v, list | tuple) and len(v) == 2 and all(_valid_float(x) for x in v)
-    if origin is list:
-        return True  # reward.functions: its own strategy below
-    if base is bool:
-        return isinstance(v, bool)
-    if base is int:
-        return isinstance(v, int) and not isinstance(v, bool)
-    if base is float:
-        return _valid_float(v)
-    if base is str:
-        return isinstance(v, str)
-    raise AssertionError(base)
-
-
-_ANY_VALUE = st.one_of(
-    st.text(max_size=6),
-    st.integers(),
-    st.sampled_from([10**400, -(10**400), 2.5, float("nan"), float("inf"), -float("inf")]),
-    st.floats(),
-    st.booleans(),
-    st.lists(st.integers(), max_size=3),
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-)
-
-
-@st.composite
-def wrong_type(draw):
-    key = draw(st.sampled_from(sorted(k for k in FIELDS if k != "reward.functions")))
-    base, _ = _unwrap(FIELDS[key])
-    value = draw(_ANY_VALUE.filter(lambda v: not _type_ok(base, v) and v is not None))
-    return "wrong_type", {key: value}
-
-
-@st.composite
-def unknown_key(draw):
-    if draw(st.booleans()):
-        section = draw(st.sampled_from(SECTIONS))
-        name = draw(_IDENT.filter(lambda n: f"{section}.{n}" not in FIELDS))
-        return "unknown_key", {f"{section}.{name}": draw(_ANY_VALUE)}
-    section = draw(_IDENT.filter(lambda n: n not in SECTIONS))
-    return "unknown_key", {f"{section}.{draw(_IDENT)}": draw(_ANY_VALUE)}
-
-
-def _neg(strict: bool = True):
-    """Floats <= 0 (``strict``: the field must be > 0) or < 0 (the field must be >= 0)."""
-    return st.floats(max_value=0.0 if strict else -1e-12, allow_nan=False, allow_infinity=False)
-
-
-def _int_below(n: int):
-    return st.integers(max_value=n - 1)
-
-
-GROUP_METHODS = [
-    m for m in SHAPING_METHODS if m not in ("none", "batch_baseline", "batch_norm", "reinforce", "reinforce_pp")
-]
-OUT_OF_RANGE = {
-    "kl.beta": st.floats(max_value=-1e-12, allow_nan=False, allow_infinity=False),
-    "algo.clip_eps_low": st.one_of(_neg(), st.floats(min_value=1.0, allow_nan=False, allow_infinity=False)),
-    "algo.clip_eps_high": _neg(),
-    "kl.clip_eps": st.one_of(_neg(), st.floats(min_value=1.0, allow_nan=False, allow_infinity=False)),
-    "optim.lr": _neg(),
-    "optim.weight_decay": _neg(strict=False),
-    "optim.grad_clip": _neg(),
-    "optim.warmup_steps": _int_below(0),
-    "rollout.temperature": _neg(),
-    "rollout.top_p": st.one_of(_neg(), st.floats(min_value=1.0 + 1e-9, allow_nan=False, allow_infinity=False)),
-    "rollout.prompts_per_step": _int_below(1),
-    "rollout.group_size": _int_below(1),
-    "rollout.max_new_tokens": _int_below(1),
-    "reward.timeout_s": _neg(),
-    "reward.max_failure_fraction": st.one_of(
-        _neg(strict=False), st.floats(min_value=1.0, allow_nan=False, allow_infinity=False)
-    ),
-    "kl.target_kl": _neg(),
-    "kl.reset_ref_every": _int_below(1),
-    "kl.head": _IDENT.filter(lambda n: n not in KL_HEADS),
-    "algo.shaping": _IDENT.filter(lambda n: n not in SHAPING_METHODS),
-    "algo.dual_clip": st.floats(max_value=1.0, allow_nan=False, allow_infinity=False),
-    "algo.entropy_coef": _neg(strict=False),
-    "algo.std_min": _neg(),
-    "algo.std_max": _neg(),
-    "algo.ppo_epochs": _int_below(1),
-    "algo.mini_batches": _int_below(1),
-    "algo.micro_batch_size": _int_below(1),
-    "train.steps": _int_below(1),
-    "train.save_every": _int_below(1),
-    "train.eval_every": _int_below(0),
-    "train.max_skipped_steps": _int_below(1),
-    "train.threads": _int_below(0),
-    "data.digits": _int_below(1),
-    "data.n_train": _int_below(1),
-    "data.n_eval": _int_below(1),
-}
-
-
-@st.composite
-def out_of_range(draw):
-    kind = draw(st.sampled_from(["single", "group_size_1", "not_divisible", "combined_token", "betas", "file"]))
-    if kind == "single":
-        key = draw(st.sampled_from(sorted(OUT_OF_RANGE)))
-        return "out_of_range", {key: draw(OUT_OF_RANGE[key])}
-    if kind == "group_size_1":
-        return "out_of_range", {"rollout.group_size": 1, "algo.shaping": draw(st.sampled_from(GROUP_METHODS))}
-    if kind == "not_divisible":
-        p, g = draw(st.integers(1, 12)), draw(st.integers(2, 8))
-        m = draw(st.integers(2, 64).filter(lambda m: (p * g) % m != 0 or ((p * g) // m) % g != 0))
-        return "out_of_range", {"rollout.prompts_per_step": p, "rollout.group_size": g, "algo.mini_batches": m}
-    if kind == "combined_token":
-        return "out_of_range", {"kl.form": "combined", "kl.level": "token"}
-    if kind == "betas":
-        bad = draw(st.one_of(st.floats(max_value=-1e-12, allow_nan=False), st.floats(min_value=1.0, allow_nan=False)))
-        return "out_of_range", {"optim.betas": draw(st.permutations([0.9, bad]))}
-    return "out_of_range", {"data.task": "file", "data.path": draw(st.sampled_from([None, ""]))}
-
-
-@st.composite
-def bad_reward_functions(draw):
-    value = draw(
-        st.one_of(
-            st.just([]),
-            st.text(max_size=5),
-            st.integers(),
-            st.lists(st.integers(), min_size=1, max_size=2),
-            st.lists(
-                st.fixed_dictionaries({"name": st.integers() | st.none() | st.lists(st.text(max_size=2))}),
-                min_size=1,
-                max_size=2,
-            ),
-            st.lists(
-                st.fixed_dictionaries(
-                    {"name": st.just("accuracy"), "weight": st.sampled_from(["1", float("nan"), 10**400, None])}
-                ),
-                min_size=1,
-                max_size=2,
-            ),
-            st.lists(
-                st.fixed_dictionaries({"name": st.just("accuracy"), "wieght": st.floats()}), min_size=1, max_size=1
-            ),
-        )
-    )
-    return "wrong_type", {"reward.functions": value}
-
-
-@st.composite
-def section_not_mapping(draw):
-    return "wrong_type", {draw(st.sampled_from(SECTIONS)): draw(_ANY_VALUE.filter(lambda v: not isinstance(v, dict)))}
-
-
-_PATH_RE = re.compile(r"[A-Za-z_]\w*(?:\[\d+\])*(?:\.[A-Za-z_]\w*(?:\[\d+\])*)*")
-
-
-def _names_a_field(message: str, overrides: dict[str, Any]) -> bool:
-    m = _PATH_RE.match(message)
-    if not m:
-        return False
-    name = re.sub(r"\[\d+\]", "", m.group(0))
-    known = set(FIELDS) | set(SECTIONS) | {f"reward.functions.{f}" for f in ("name", "weight")}
-    prefixes = {".".join(k.split(".")[: i + 1]) for k in overrides for i in range(k.count(".") + 1)}
-    allowed = known | prefixes
-    return name in allowed or name.rpartition(".")[0] in allowed  # the field, or an unknown key under one
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(case=st.one_of(wrong_type(), unknown_key(), out_of_range(), bad_reward_functions(), section_not_mapping()))
-@example(case=("wrong_type", {"kl.beta": 10**400}))  # a 401-digit YAML integer for a float field
-@example(case=("wrong_type", {"optim.betas": [0.9, 10**400]}))
-@example(case=("out_of_range", {"train.threads": -1}))
-@example(case=("out_of_range", {"rollout.group_size": 1, "algo.shaping": "grpo"}))
-@example(case=("out_of_range", {"rollout.prompts_per_step": 3, "rollout.group_size": 2, "algo.mini_batches": 4}))
-@example(case=("out_of_range", {"algo.clip_eps_low": 0.0}))
-def test_config_fuzz_always_raises_config_error_naming_the_field(case):
-    kind, overrides = case
-    CASES["config_fuzz"] += 1
-    CASES[f"config_fuzz_{kind}"] += 1
-    with pytest.raises(ConfigError) as info:
-        load_config(overrides=overrides)
-    message = str(info.value)
-    assert _names_a_field(message, overrides), (overrides, message)
-
-
-# --- dataset fuzzing: bad rows -> DataError naming the file and the row, or skipped and counted
-
-HUGE = 1_000_000
-ROW_KINDS = (
-    *("good",) * 3,
-    "missing", "empty", "wrong_type", "bad_utf8", "bad_json", "not_object", "nan_answer", "huge_good", "huge_bad",
-    "dup", "blank",
-)  # fmt: skip
-
-
-@st.composite
-def dataset_rows(draw):
-    """Rows as (kind, bytes line, id or None); kind 'good' rows must load, 'blank' is ignored, others are bad."""
-    use_ids = draw(st.booleans())
-    n = draw(st.integers(0, 12))
-    rows: list[tuple[str, bytes, Any]] = []
-    good_ids: list[Any] = []
-    text = st.text(min_size=1, max_size=20).filter(lambda s: s.strip())
-    ascii_ = draw(st.booleans())
-
-    def dump(obj: Any) -> bytes:
-        return json.dumps(obj, ensure_ascii=ascii_).encode("utf-8")
-
-    for i in range(n):
-        kind = draw(st.sampled_from(ROW_KINDS))
-        row: dict[str, Any] = {"prompt": draw(text), "answer": draw(text | st.integers() | st.floats(-1e6, 1e6))}
-        rid: Any = draw(st.sampled_from([f"r{i}", i])) if use_ids else None
-        if use_ids:
-            row["id"] = rid
-        if kind == "dup" and not (use_ids and good_ids):
-            kind = "good"
-        if kind == "dup":
-            rid = row["id"] = draw(st.sampled_from(good_ids))
-            rows.append(("good", dump(row), rid))
-        elif kind in ("good", "huge_good"):
-            if kind == "huge_good":
-                row["prompt"] = "x" * HUGE
-            rows.append(("good", dump(row), rid))
-            good_ids.append(rid)
-        elif kind == "missing":
-            row.pop(draw(st.sampled_from(["prompt", "answer", *(["id"] if use_ids else [])])))
-            rows.append(("bad", dump(row), None))
-        elif kind == "empty":
-            row[draw(st.sampled_from(["prompt", "answer"]))] = draw(st.sampled_from(["", " ", "\t\n", "\u3000"]))
-            rows.append(("bad", dump(row), None))
-        elif kind == "wrong_type":
-            col = draw(st.sampled_from(["prompt", "answer", *(["id"] if use_ids else [])]))
-            bad_values = [None, True, [1, 2], {"a": 1}] + ([3, 1.5] if col == "prompt" else [])
-            row[col] = draw(st.sampled_from(bad_values))
-            rows.append(("bad", dump(row), None))
-        elif kind == "bad_utf8":
-            line = dump(row)
-            cut = draw(st.integers(0, len(line)))
-            rows.append(
-                ("bad", line[:cut] + draw(st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80"])) + line[cut:], None)
-            )
-        elif kind == "bad_json":
-            rows.append(("bad", draw(st.sampled_from([b"{", b'{"prompt": "a",', b"prompt=1", b"{'a': 1}"])), None))
-        elif kind == "not_object":
-            rows.append(("bad", draw(st.sampled_from([b"[1, 2]", b'"text"', b"3", b"null", b"true"])), None))
-        elif kind == "nan_answer":
-            row["answer"] = draw(st.sampled_from([float("nan"), float("inf")]))
-            rows.append(("bad", json.dumps(row).encode(), None))
-        elif kind == "huge_bad":
-            rows.append(("bad", draw(st.sampled_from([b"{" + b"x" * HUGE, dump({"prompt": "y" * HUGE})])), None))
-        else:
-            rows.append(("blank", draw(st.sampled_from([b"", b"   ", b"\t"])), None))
-    return use_ids, rows
-
-
-def _expected(rows: list[tuple[str, bytes, Any]]):
-    """(first bad line or None, first duplicate (first line, line) or None, good rows, bad rows) in file order."""
-    seen: dict[str, int] = {}
-    first_bad = dup = None
-    good = bad = 0
-    for line_no, (kind, _, rid) in enumerate(rows, start=1):
-        if kind == "bad":
-            bad += 1
-            first_bad = first_bad or line_no
-        elif kind == "good":
-            if rid is not None and str(rid) in seen:
-                dup = (seen[str(rid)], line_no)  # the loader always stops here
-                break
-            if rid is not None:
-                seen[str(rid)] = line_no
-            good += 1
-    return first_bad, dup, good, bad
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(case=dataset_rows(), skip=st.booleans())
-def test_dataset_fuzz_bad_rows_raise_data_error_naming_file_and_row_or_are_counted(tmp_path_factory, case, skip):
-    use_ids, rows = case
-    path = tmp_path_factory.mktemp("data") / "fuzz.jsonl"
-    path.write_bytes(b"\n".join(line for _, line, _ in rows) + (b"\n" if rows else b""))
-    first_bad, dup, good, bad = _expected(rows)
-    CASES["dataset_fuzz"] += 1
-    CASES["dataset_fuzz_rows"] += len(rows)
-    CASES["dataset_fuzz_bad_rows"] += bad
-    kwargs = {"id_column": "id" if use_ids else None, "skip_bad_rows": skip}
-    if not skip and first_bad is not None and (dup is None or first_bad < dup[1]):
-        with pytest.raises(DataError) as info:
-            load_examples(path, **kwargs)
-        assert str(path) in str(info.value)
-        assert f"row {first_bad}:" in str(info.value), (first_bad, str(info.value)[:300])
-        return
-    if dup is not None:
-        with pytest.raises(DataError) as info:
-            load_examples(path, **kwargs)
-        assert str(path) in str(info.value)
-        assert f"rows {dup[0]} and {dup[1]}" in str(info.value)
-        return
-    if good == 0:
-        with pytest.raises(DataError, match="no valid rows") as info:
-            load_examples(path, **kwargs)
-        assert str(path) in str(info.value)
-        return
-    res = load_examples(path, **kwargs)
-    assert len(res.examples) == good
-    assert res.skipped == (bad if skip else 0)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
-"""klgrad command line: ``train``, ``sft``, ``audit`` (gradient audit) and ``reproduce`` (paper figures).
+"""klgrad command line: ``audit`` (gradient audit), ``compare`` (the paper's KL comparison), ``train``, ``sft``,
+``reproduce`` (paper figures) and ``completion`` (shell completion scripts, generated in :mod:`klgrad.completion`).
 
-Every command writes its results as files (JSON, PNG) into ``--out`` and prints a readable summary.
+Each command is two functions side by side: ``add_NAME_parser`` declares its flags, ``cmd_NAME`` runs it. Every
+command writes its results as files (JSON, PNG) into ``--out`` and prints a readable summary.
 """
 
 from __future__ import annotations
@@ -8,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from klgrad import __version__
+from klgrad.completion import SHELLS, completion_script
 
 
 def _console():
@@ -21,6 +23,38 @@ def _console():
     if not console.is_terminal:  # CI logs and pipes: wide enough for the audit tables
         console = Console(width=150)
     return console
+
+
+def add_audit_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad audit``: the exact-enumeration gradient audit (:mod:`klgrad.audit`)."""
+    a = sub.add_parser(
+        "audit",
+        help="exact-enumeration gradient audit of every KL head, level and regime",
+        description="Compute, by enumerating every response of small random tabular policies, the "
+        "expected gradient of every (head, level, on/off-policy regime) and compare it "
+        "with the exact reverse-KL gradient and the head's documented target.",
+    )
+    a.add_argument("--out", default="runs/audit", help="output folder (audit.json, audit.png, coefficients.*)")
+    a.add_argument("--vocab", type=int, default=4, help="tokens per step, token 0 = EOS (default 4)")
+    a.add_argument("--length", type=int, default=4, help="maximum response length (default 4)")
+    a.add_argument("--no-eos", action="store_true", help="fixed-length responses (no EOS token)")
+    a.add_argument("--seed", type=int, default=0, help="seed of the random policies")
+    a.add_argument("--ref-distance", type=float, default=0.5, help="logit noise std from policy to reference")
+    a.add_argument(
+        "--behaviour-distance",
+        type=float,
+        default=0.3,
+        help="logit noise std from policy to the behaviour (rollout) policy",
+    )
+    a.add_argument("--clip-eps", type=float, default=0.2, help="KL-head clip in the clipped off-policy regime")
+    a.add_argument("--beta", type=float, default=0.5, help="KL weight in the combined-vs-decoupled check")
+    a.add_argument(
+        "--penalty",
+        default=None,
+        metavar="MODULE:FN",
+        help="also audit your own penalty psi(logp, ref_logp) (imported by name, never eval'd)",
+    )
+    a.set_defaults(func=cmd_audit)
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -61,6 +95,73 @@ def cmd_audit(args: argparse.Namespace) -> int:
         f"{out / 'coefficients.json'} in {time.perf_counter() - t0:.1f}s"
     )
     return 0
+
+
+def add_compare_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad compare``: the paper's KL comparison as a grid of training runs (:mod:`klgrad.experiments.compare`)."""
+    c = sub.add_parser(
+        "compare",
+        help="the paper's KL comparison: none, k1/k2/k3 as loss, k1 in reward; x seeds; with statistics",
+        description="Train every method for every seed (and beta) with everything else equal; write the "
+        "paper-style figure, a reward-KL frontier, and summary.json/.md with mean ± 95% CI and a verdict for "
+        "each of the paper's predictions from a named test. Finished runs are skipped, interrupted ones resumed.",
+    )
+    c.add_argument("--config", default="configs/tiny_add.yaml", help="base training config")
+    c.add_argument("--out", default="runs/compare", help="output folder")
+    c.add_argument("--seeds", type=int, default=5, help="seeds per method (>= 2; runs of one seed are paired)")
+    c.add_argument("--steps", type=int, default=60, help="RL steps per run")
+    c.add_argument("--betas", default="0.5", help="comma-separated KL weights (a sweep adds frontier points)")
+    c.add_argument(
+        "--level",
+        default="token",
+        choices=("token", "sequence", "token_to_go"),
+        help="where the KL heads act (default token: what GRPO/verl do, as in the paper's runs)",
+    )
+    c.add_argument("--methods", default=None, help="comma-separated subset of the methods")
+    c.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from klgrad.experiments.compare import METHODS, run_compare
+
+    methods = tuple(args.methods.split(",")) if args.methods else METHODS
+    bad = [m for m in methods if m not in METHODS]
+    if bad or args.seeds < 2 or args.steps < 1:
+        why = f"unknown methods {bad}; choose from {list(METHODS)}" if bad else "--seeds must be >= 2, --steps >= 1"
+        print(f"klgrad compare: {why}", file=sys.stderr)
+        return 2
+    betas = tuple(float(b) for b in args.betas.split(","))
+    try:
+        summary = run_compare(
+            Path(args.out),
+            config=args.config,
+            seeds=args.seeds,
+            steps=args.steps,
+            betas=betas,
+            level=args.level,
+            methods=methods,
+        )
+    except ValueError as e:
+        print(f"klgrad compare: {e}", file=sys.stderr)
+        return 2
+    from klgrad.experiments.compare import summary_markdown
+
+    _console().print(summary_markdown(summary))
+    print(f"wrote {args.out}/comparison.png, frontier.png, summary.json, summary.md, runs/")
+    return 0
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad train``: one RL run; every config field is also a dotted flag (``--kl.beta 0.1``)."""
+    t = sub.add_parser(
+        "train",
+        help="RL-train a causal LM (embedded tiny model by default)",
+        description="RL fine-tuning with a klgrad KL head. Any config field can be overridden with a dotted "
+        "flag, e.g. --kl.head k3_as_loss --kl.beta 0.5 --train.steps 50 (fields: docs/configuration.md).",
+    )
+    t.add_argument("--config", default=None, help="YAML config (e.g. configs/tiny_add.yaml); defaults otherwise")
+    t.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    t.set_defaults(func=cmd_train, takes_overrides=True)
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
@@ -105,6 +206,23 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def add_sft_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad sft``: supervised fine-tuning of the tiny model into a reference (:mod:`klgrad.sft`)."""
+    s = sub.add_parser("sft", help="fine-tune the tiny model into a reference (stops on held-out accuracy)")
+    s.add_argument("--task", default="addition", choices=("addition", "addition_discovery", "scratchpad"))
+    s.add_argument("--out", required=True, help="output model directory (safetensors + config + tokenizer)")
+    s.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=0.6,
+        help="stop at this held-out greedy accuracy against the answer the targets teach (addition_discovery: a+b+1)",
+    )
+    s.add_argument("--max-steps", type=int, default=3000, help="fail if the target is not reached by then")
+    s.add_argument("--max-new-tokens", type=int, default=8, help="greedy decoding length in evaluation")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=cmd_sft)
+
+
 def cmd_sft(args: argparse.Namespace) -> int:
     from klgrad.sft import SFTConfig, run_sft
 
@@ -127,36 +245,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    from klgrad.experiments.compare import METHODS, run_compare
-
-    methods = tuple(args.methods.split(",")) if args.methods else METHODS
-    bad = [m for m in methods if m not in METHODS]
-    if bad or args.seeds < 2 or args.steps < 1:
-        why = f"unknown methods {bad}; choose from {list(METHODS)}" if bad else "--seeds must be >= 2, --steps >= 1"
-        print(f"klgrad compare: {why}", file=sys.stderr)
-        return 2
-    betas = tuple(float(b) for b in args.betas.split(","))
-    try:
-        summary = run_compare(
-            Path(args.out),
-            config=args.config,
-            seeds=args.seeds,
-            steps=args.steps,
-            betas=betas,
-            level=args.level,
-            methods=methods,
-        )
-    except ValueError as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    from klgrad.experiments.compare import summary_markdown
-
-    _console().print(summary_markdown(summary))
-    print(f"wrote {args.out}/comparison.png, frontier.png, summary.json, summary.md, runs/")
-    return 0
-
-
 REPRODUCE_TARGETS = (
     "coefficients",
     "k3-gaussian",
@@ -166,6 +254,19 @@ REPRODUCE_TARGETS = (
     "offpolicy",
     "fixed-points",
 )
+
+
+def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad reproduce NAME``: one of the paper's figures or claims."""
+    r = sub.add_parser(
+        "reproduce",
+        help="reproduce one of the paper's results",
+        description="Reproduce a figure or claim of the paper. Available: " + ", ".join(REPRODUCE_TARGETS),
+    )
+    r.add_argument("name", choices=REPRODUCE_TARGETS, help="which result")
+    r.add_argument("--out", default=None, help="output folder (default runs/reproduce/NAME)")
+    r.add_argument("--steps", type=int, default=None, help="RL steps for the offpolicy / group-norm runs (40)")
+    r.set_defaults(func=cmd_reproduce)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -245,295 +346,8 @@ def _equivalence_verdict(result: dict) -> str:
     )
 
 
-# ----------------------------------------------------------------------------------------------------------
-# shell completion, generated from the real parser (and, for ``train``, the config schema's dotted flags)
-
-SHELLS = ("bash", "zsh", "fish")
-
-
-@dataclass(frozen=True)
-class _Option:
-    flag: str
-    help: str
-    takes_value: bool
-    choices: tuple[str, ...] | None
-
-
-def _config_options() -> list[_Option]:
-    """``--section.field`` for every config leaf, with its choices (Literals, bools, the head and shaping names)."""
-    import dataclasses
-    import typing
-
-    from klgrad.advantages import SHAPING_METHODS
-    from klgrad.config import Config, _field_docs
-    from klgrad.kl import KL_HEADS
-
-    registries = {"kl.head": tuple(KL_HEADS), "algo.shaping": tuple(SHAPING_METHODS)}
-    out: list[_Option] = []
-
-    def walk(cls: type, prefix: str) -> None:
-        hints, docs = typing.get_type_hints(cls), _field_docs(cls)
-        for f in dataclasses.fields(cls):
-            tp, dotted = hints[f.name], f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(tp):
-                walk(tp, dotted + ".")
-                continue
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            choices: tuple[str, ...] | None = registries.get(dotted)
-            if typing.get_origin(tp) is typing.Literal:
-                choices = tuple(str(a) for a in typing.get_args(tp))
-            elif tp is bool or args == [bool]:
-                choices = ("true", "false")
-            out.append(_Option(f"--{dotted}", docs.get(f.name, ""), True, choices))
-
-    walk(Config, "")
-    return out
-
-
-def completion_spec(parser: argparse.ArgumentParser) -> dict[str, dict]:
-    """What a shell can complete, read from the parser: ``{"": top level, COMMAND: ...}``, each with
-    ``options`` (list of :class:`_Option`) and ``words`` (subcommands or positional choices)."""
-
-    def options_of(p: argparse.ArgumentParser) -> tuple[list[_Option], list[str]]:
-        opts, words = [], []
-        for a in p._actions:
-            if isinstance(a, argparse._SubParsersAction):
-                continue
-            if not a.option_strings:
-                words += [str(c) for c in (a.choices or ())]
-                continue
-            for flag in a.option_strings:
-                if flag.startswith("--"):
-                    choices = tuple(str(c) for c in a.choices) if a.choices else None
-                    opts.append(_Option(flag, a.help or "", a.nargs != 0, choices))
-        return opts, words
-
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    top_opts, _ = options_of(parser)
-    spec = {"": {"options": top_opts, "words": list(sub.choices)}}
-    for name, p in sub.choices.items():
-        opts, words = options_of(p)
-        if p.get_default("takes_overrides"):
-            opts += _config_options()
-        spec[name] = {"options": opts, "words": words}
-    return spec
-
-
-def _plain(text: str) -> str:
-    """A help string safe inside single quotes and zsh's [...] descriptions."""
-    return " ".join("".join(ch for ch in text if ch not in "[]:'\"$`\\").split())[:100]
-
-
-def _bash_script(spec: dict[str, dict]) -> str:
-    commands = [c for c in spec if c]
-    lines = [
-        "# bash completion for klgrad, generated by `klgrad completion bash` from its argument parser.",
-        "# Load it with:  source <(klgrad completion bash)",
-        "_klgrad() {",
-        '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" cmd="" i',
-        '    if [[ "$prev" == "=" && $COMP_CWORD -ge 2 ]]; then prev="${COMP_WORDS[COMP_CWORD-2]}"; fi',
-        "    for ((i = 1; i < COMP_CWORD; i++)); do",
-        f'        case "${{COMP_WORDS[i]}}" in {"|".join(commands)}) cmd="${{COMP_WORDS[i]}}"; break ;; esac',
-        "    done",
-        '    local opts="" words=""',
-        '    case "$cmd" in',
-    ]
-    for cmd, entry in spec.items():
-        opts = " ".join(o.flag for o in entry["options"])
-        words = " ".join(entry["words"])
-        lines.append(f'        "{cmd}") opts="{opts}"; words="{words}" ;;')
-    lines += ["    esac", '    case "$cmd:$prev" in']
-    for cmd, entry in spec.items():
-        for o in entry["options"]:
-            if not o.takes_value:
-                continue
-            if o.choices:
-                values = " ".join(o.choices)
-                lines.append(f'        "{cmd}:{o.flag}") COMPREPLY=($(compgen -W "{values}" -- "$cur")); return 0 ;;')
-            else:  # a free value (path, number): leave it to readline's default (file names)
-                lines.append(f'        "{cmd}:{o.flag}") COMPREPLY=(); return 0 ;;')
-    lines += [
-        "    esac",
-        '    if [[ "$cur" == -* ]]; then',
-        '        COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
-        "    else",
-        '        COMPREPLY=($(compgen -W "$words" -- "$cur"))',
-        "    fi",
-        "}",
-        "complete -o default -F _klgrad klgrad",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _zsh_spec(o: _Option) -> str:
-    desc = f"[{_plain(o.help)}]"
-    if not o.takes_value:
-        return f"'{o.flag}{desc}'"
-    action = f"({' '.join(o.choices)})" if o.choices else "_files"
-    return f"'{o.flag}{desc}:value:{action}'"
-
-
-def _zsh_script(spec: dict[str, dict]) -> str:
-    top = spec[""]
-    lines = [
-        "#compdef klgrad",
-        "# zsh completion for klgrad, generated by `klgrad completion zsh` from its argument parser.",
-        "# Load it with:  source <(klgrad completion zsh)   (after compinit)",
-        "_klgrad() {",
-        "    local curcontext=$curcontext state line",
-        "    typeset -A opt_args",
-        "    _arguments -C \\",
-        *[f"        {_zsh_spec(o)} \\" for o in top["options"]],
-        "        '1:command:->command' \\",
-        "        '*::argument:->argument'",
-        "    case $state in",
-        "        command)",
-        "            local -a commands",
-        "            commands=(" + " ".join(f"'{c}'" for c in top["words"]) + ")",
-        "            _describe command commands ;;",
-        "        argument)",
-        "            case $line[1] in",
-    ]
-    for cmd, entry in spec.items():
-        if not cmd:
-            continue
-        specs = [_zsh_spec(o) for o in entry["options"]]
-        if entry["words"]:
-            specs.append(f"'1:argument:({' '.join(entry['words'])})'")
-        lines.append(f"                {cmd}) _arguments {' '.join(specs)} ;;")
-    lines += [
-        "            esac ;;",
-        "    esac",
-        "}",
-        'if [[ "$funcstack[1]" == _klgrad ]]; then _klgrad "$@"; else compdef _klgrad klgrad; fi',
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _fish_script(spec: dict[str, dict]) -> str:
-    commands = " ".join(c for c in spec if c)
-    lines = [
-        "# fish completion for klgrad, generated by `klgrad completion fish` from its argument parser.",
-        "# Load it with:  klgrad completion fish | source",
-        "complete -c klgrad -f",
-    ]
-    for cmd, entry in spec.items():
-        cond = f"not __fish_seen_subcommand_from {commands}" if not cmd else f"__fish_seen_subcommand_from {cmd}"
-        if not cmd:
-            for w in entry["words"]:
-                lines.append(f"complete -c klgrad -n '{cond}' -a {w}")
-        elif entry["words"]:
-            lines.append(f"complete -c klgrad -n '{cond}' -a '{' '.join(entry['words'])}'")
-        for o in entry["options"]:
-            flag = f"-l {o.flag[2:]}"
-            if o.takes_value and o.choices:
-                flag += f" -x -a '{' '.join(o.choices)}'"
-            elif o.takes_value:
-                flag += " -r -F"
-            lines.append(f"complete -c klgrad -n '{cond}' {flag} -d '{_plain(o.help)}'")
-    return "\n".join(lines) + "\n"
-
-
-def completion_script(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
-    """The completion script for ``shell`` (bash, zsh or fish), generated from ``build_parser()``."""
-    spec = completion_spec(parser or build_parser())
-    return {"bash": _bash_script, "zsh": _zsh_script, "fish": _fish_script}[shell](spec)
-
-
-def cmd_completion(args: argparse.Namespace) -> int:
-    sys.stdout.write(completion_script(args.shell))
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="klgrad", description="Gradient-correct KL regularization for RL fine-tuning.")
-    p.add_argument("--version", action="version", version=f"klgrad {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    a = sub.add_parser(
-        "audit",
-        help="exact-enumeration gradient audit of every KL head, level and regime",
-        description="Compute, by enumerating every response of small random tabular policies, the "
-        "expected gradient of every (head, level, on/off-policy regime) and compare it "
-        "with the exact reverse-KL gradient and the head's documented target.",
-    )
-    a.add_argument("--out", default="runs/audit", help="output folder (audit.json, audit.png, coefficients.*)")
-    a.add_argument("--vocab", type=int, default=4, help="tokens per step, token 0 = EOS (default 4)")
-    a.add_argument("--length", type=int, default=4, help="maximum response length (default 4)")
-    a.add_argument("--no-eos", action="store_true", help="fixed-length responses (no EOS token)")
-    a.add_argument("--seed", type=int, default=0, help="seed of the random policies")
-    a.add_argument("--ref-distance", type=float, default=0.5, help="logit noise std from policy to reference")
-    a.add_argument(
-        "--behaviour-distance",
-        type=float,
-        default=0.3,
-        help="logit noise std from policy to the behaviour (rollout) policy",
-    )
-    a.add_argument("--clip-eps", type=float, default=0.2, help="KL-head clip in the clipped off-policy regime")
-    a.add_argument("--beta", type=float, default=0.5, help="KL weight in the combined-vs-decoupled check")
-    a.add_argument(
-        "--penalty",
-        default=None,
-        metavar="MODULE:FN",
-        help="also audit your own penalty psi(logp, ref_logp) (imported by name, never eval'd)",
-    )
-    a.set_defaults(func=cmd_audit)
-
-    c = sub.add_parser(
-        "compare",
-        help="the paper's KL comparison: none, k1/k2/k3 as loss, k1 in reward; x seeds; with statistics",
-        description="Train every method for every seed (and beta) with everything else equal; write the "
-        "paper-style figure, a reward-KL frontier, and summary.json/.md with mean ± 95% CI and a verdict for "
-        "each of the paper's predictions from a named test. Finished runs are skipped, interrupted ones resumed.",
-    )
-    c.add_argument("--config", default="configs/tiny_add.yaml", help="base training config")
-    c.add_argument("--out", default="runs/compare", help="output folder")
-    c.add_argument("--seeds", type=int, default=5, help="seeds per method (>= 2; runs of one seed are paired)")
-    c.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    c.add_argument("--betas", default="0.5", help="comma-separated KL weights (a sweep adds frontier points)")
-    c.add_argument(
-        "--level",
-        default="token",
-        choices=("token", "sequence", "token_to_go"),
-        help="where the KL heads act (default token: what GRPO/verl do, as in the paper's runs)",
-    )
-    c.add_argument("--methods", default=None, help="comma-separated subset of the methods")
-    c.set_defaults(func=cmd_compare)
-
-    t = sub.add_parser(
-        "train",
-        help="RL-train a causal LM (embedded tiny model by default)",
-        description="RL fine-tuning with a klgrad KL head. Any config field can be overridden with a dotted "
-        "flag, e.g. --kl.head k3_as_loss --kl.beta 0.5 --train.steps 50 (fields: docs/configuration.md).",
-    )
-    t.add_argument("--config", default=None, help="YAML config (e.g. configs/tiny_add.yaml); defaults otherwise")
-    t.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR")
-    t.set_defaults(func=cmd_train, takes_overrides=True)
-
-    s = sub.add_parser("sft", help="fine-tune the tiny model into a reference (stops on held-out accuracy)")
-    s.add_argument("--task", default="addition", choices=("addition", "addition_discovery", "scratchpad"))
-    s.add_argument("--out", required=True, help="output model directory (safetensors + config + tokenizer)")
-    s.add_argument(
-        "--target-accuracy",
-        type=float,
-        default=0.6,
-        help="stop at this held-out greedy accuracy against the answer the targets teach (addition_discovery: a+b+1)",
-    )
-    s.add_argument("--max-steps", type=int, default=3000, help="fail if the target is not reached by then")
-    s.add_argument("--max-new-tokens", type=int, default=8, help="greedy decoding length in evaluation")
-    s.add_argument("--seed", type=int, default=0)
-    s.set_defaults(func=cmd_sft)
-
-    r = sub.add_parser(
-        "reproduce",
-        help="reproduce one of the paper's results",
-        description="Reproduce a figure or claim of the paper. Available: " + ", ".join(REPRODUCE_TARGETS),
-    )
-    r.add_argument("name", choices=REPRODUCE_TARGETS, help="which result")
-    r.add_argument("--out", default=None, help="output folder (default runs/reproduce/NAME)")
-    r.add_argument("--steps", type=int, default=None, help="RL steps for the offpolicy / group-norm runs (40)")
-    r.set_defaults(func=cmd_reproduce)
-
+def add_completion_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad completion SHELL``: the shell completion script (:mod:`klgrad.completion`)."""
     k = sub.add_parser(
         "completion",
         help="print a shell completion script (bash, zsh, fish)",
@@ -543,6 +357,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument("shell", choices=SHELLS, help="which shell")
     k.set_defaults(func=cmd_completion)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    sys.stdout.write(completion_script(args.shell, build_parser()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="klgrad", description="Gradient-correct KL regularization for RL fine-tuning.")
+    p.add_argument("--version", action="version", version=f"klgrad {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (
+        add_audit_parser,
+        add_compare_parser,
+        add_train_parser,
+        add_sft_parser,
+        add_reproduce_parser,
+        add_completion_parser,
+    ):
+        add(sub)
     return p
 
 

@@ -21,8 +21,10 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from klgrad.advantages import SHAPING_METHODS
-from klgrad.kl import KL_HEADS
+from klgrad.advantages import ShapingMethod
+from klgrad.kl import HeadName, Level, RatioLevel, RewardRatioLevel
+from klgrad.objective import Aggregation, Form
+from klgrad.rollout.mismatch import MismatchLevel
 
 
 class ConfigError(ValueError):
@@ -95,7 +97,7 @@ class RolloutConfig:
     """Sampling temperature; log-probs for training are taken at the same temperature."""
     top_p: float = 1.0
     """Nucleus sampling mass (1.0 = off); < 1 only with kl.head none and on-policy (log-probs are untruncated)."""
-    mismatch_correction: Literal["none", "token", "sequence"] = "none"
+    mismatch_correction: Literal["none", MismatchLevel] = "none"
     """Truncated IS for sampler-vs-trainer log-prob mismatch: w = min(π_trainer/π_sampler, cap) per token/response."""
     mismatch_cap: float = 2.0
     """Truncation cap C of the mismatch weights (> 0)."""
@@ -148,17 +150,17 @@ class RewardConfig:
 
 @dataclass
 class KLConfig:
-    head: str = "k2_as_loss"
+    head: HeadName = "k2_as_loss"
     """KL head (see klgrad.KL_HEADS)."""
     beta: float = 0.5
     """KL weight β (initial value when adaptive)."""
-    level: Literal["sequence", "token_to_go", "token"] = "sequence"
+    level: Level = "sequence"
     """Where the head acts."""
-    form: Literal["combined", "decoupled"] = "decoupled"
+    form: Form = "decoupled"
     """combined: coefficient in the reward before shaping; decoupled: separate KL loss."""
     clip_eps: float | None = 0.2
     """Off-policy symmetric clip of the decoupled KL head (None: IS only)."""
-    ratio_level: Literal["token", "sequence"] = "sequence"
+    ratio_level: RatioLevel = "sequence"
     """Off-policy importance ratio of the KL head (no gspo: exactness needs the true sequence IS weight)."""
     is_correction: bool = True
     """False reproduces the common bug (no IS on an as-loss KL off-policy); comparisons only."""
@@ -170,7 +172,6 @@ class KLConfig:
     """Copy the policy into the reference every N steps (ProRL); None = never."""
 
     def validate(self, at: str) -> None:
-        _check(self.head in KL_HEADS, at, "head", f"must be one of {sorted(KL_HEADS)}")
         _check(self.beta >= 0, at, "beta", "must be >= 0")
         _check(self.clip_eps is None or 0 < self.clip_eps < 1, at, "clip_eps", "must be in (0, 1) or null")
         _check(self.target_kl is None or self.target_kl > 0, at, "target_kl", "must be > 0 or null")
@@ -185,7 +186,7 @@ class KLConfig:
 
 @dataclass
 class AlgoConfig:
-    shaping: str = "grpo"
+    shaping: ShapingMethod = "grpo"
     """Reward shaping operator or preset (grpo, dr_grpo, rloo, reinforce_pp, ...)."""
     std_min: float | None = None
     """Lower clip of normalising stds (paper: ~0.1 for [0,1] rewards)."""
@@ -197,9 +198,9 @@ class AlgoConfig:
     """Reward head PPO clip ε_high."""
     dual_clip: float | None = None
     """Dual-clip constant (> 1) for negative advantages; None = off."""
-    ratio_level: Literal["token", "sequence", "gspo"] = "token"
+    ratio_level: RewardRatioLevel = "token"
     """Reward head ratio, Δ_t = log π_t - log π_old,t: token exp(Δ_t); sequence exp(Σ_t Δ_t); gspo exp(mean_t Δ_t)."""
-    aggregation: Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"] = "seq_mean_token_sum"
+    aggregation: Aggregation = "seq_mean_token_sum"
     """Loss aggregation."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (paper: 0)."""
@@ -211,7 +212,6 @@ class AlgoConfig:
     """Sequences per forward/backward (gradient accumulation); does not change the result."""
 
     def validate(self, at: str) -> None:
-        _check(self.shaping in SHAPING_METHODS, at, "shaping", f"must be one of {list(SHAPING_METHODS)}")
         _check(self.std_min is None or self.std_min > 0, at, "std_min", "must be > 0 or null")
         _check(self.std_max is None or self.std_max > 0, at, "std_max", "must be > 0 or null")
         _check(0 < self.clip_eps_low < 1, at, "clip_eps_low", "must be in (0, 1)")
@@ -514,7 +514,7 @@ def config_reference() -> str:
     lines = ["| field | type | default | meaning |", "|---|---|---|---|"]
 
     def walk(cls: type, prefix: str) -> None:
-        docs = _field_docs(cls)
+        docs = field_docs(cls)
         hints = _hints(cls)
         default_obj = cls()
         for f in dataclasses.fields(cls):
@@ -532,7 +532,7 @@ def config_reference() -> str:
     return "\n".join(lines)
 
 
-def _field_docs(cls: type) -> dict[str, str]:
+def field_docs(cls: type) -> dict[str, str]:
     """The string literal under each field (attribute docstrings)."""
     src = inspect.getsource(cls)
     tree = ast.parse(src)

@@ -1,0 +1,59 @@
+"""The ``klgrad`` commands' wiring: the entry points resolve to :func:`klgrad.cli.main`, every subcommand has its
+handler, and the choices a flag offers are the ones the code implements. (The completion scripts:
+tests/test_completion.py; each command's behaviour: the test module of what it runs.)"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from klgrad import cli
+from klgrad.completion import SHELLS
+from klgrad.data import TASKS
+from klgrad.kl import LEVELS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _subparsers() -> dict[str, argparse.ArgumentParser]:
+    parser = cli.build_parser()
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _choices(parser: argparse.ArgumentParser, dest: str) -> tuple:
+    return next(a for a in parser._actions if a.dest == dest).choices
+
+
+def test_console_script_and_module_run_cli_main():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    module, _, name = scripts["klgrad"].partition(":")
+    assert getattr(importlib.import_module(module), name) is cli.main
+    assert "from klgrad.cli import main" in (ROOT / "src" / "klgrad" / "__main__.py").read_text(encoding="utf-8")
+
+
+def test_every_subcommand_runs_its_own_handler():
+    commands = _subparsers()
+    assert list(commands) == ["audit", "compare", "train", "sft", "reproduce", "completion"]
+    for name, parser in commands.items():
+        assert parser.get_default("func") is getattr(cli, f"cmd_{name}"), name
+    assert [n for n, p in commands.items() if p.get_default("takes_overrides")] == ["train"]
+
+
+def test_flag_choices_are_what_the_code_implements():
+    commands = _subparsers()
+    assert sorted(_choices(commands["compare"], "level")) == sorted(LEVELS)
+    assert tuple(_choices(commands["sft"], "task")) == tuple(TASKS)
+    assert tuple(_choices(commands["reproduce"], "name")) == cli.REPRODUCE_TARGETS
+    assert tuple(_choices(commands["completion"], "shell")) == SHELLS
+
+
+@pytest.mark.parametrize("argv", [["audit", "--no-such-flag"], ["sft", "--out", "x", "--task", "subtraction"]])
+def test_bad_arguments_exit_2_before_any_work(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    assert "usage: klgrad" in capsys.readouterr().err
