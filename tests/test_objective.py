@@ -360,8 +360,9 @@ def test_pg_padding_never_matters(ratio_level, dual_clip):
 
 
 # ==========================================================================================================
-# 4. Off-policy check (docs/math.md, “Off-policy: importance sampling and the clip side”): R = 0, no shaping, ε_low = ε_high = ε_KL, sequence ratios for both heads -> the decoupled
-#    KL head's gradient equals the combined form's gradient, for every ratio, at sequence and token_to_go.
+# 4. Off-policy check (docs/math.md, “Off-policy: importance sampling and the clip side”): R = 0, no shaping,
+#    ε_low = ε_high = ε_KL, sequence ratios for both heads -> the decoupled KL head's gradient equals the
+#    combined form's gradient, for every ratio, at sequence and token_to_go.
 # ==========================================================================================================
 
 SWEEP_RATIOS = (0.5, 0.79, 0.81, 1.0, 1.19, 1.21, 2.0)

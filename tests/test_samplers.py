@@ -175,3 +175,9 @@ def test_rows_draw_the_same_tokens_whatever_the_batch_split(model):
     assert not whole.response_mask[2:, t2:].any()
     with pytest.raises(ValueError, match="uniforms must be"):
         s.generate(model, ids, mask, group_size=2, max_new_tokens=6, uniforms=u[:5])
+
+
+def test_every_engine_has_a_sampler():
+    from klgrad.rollout.samplers import ENGINES, SAMPLERS
+
+    assert tuple(SAMPLERS) == ENGINES

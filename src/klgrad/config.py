@@ -25,6 +25,8 @@ from klgrad.advantages import ShapingMethod
 from klgrad.kl import HeadName, Level, RatioLevel, RewardRatioLevel
 from klgrad.objective import Aggregation, Form
 from klgrad.rollout.mismatch import MismatchLevel
+from klgrad.rollout.samplers import Engine
+from klgrad.schedule import Schedule
 
 
 class ConfigError(ValueError):
@@ -85,7 +87,7 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["klgrad", "hf", "vllm"] = "klgrad"
+    engine: Engine = "klgrad"
     """Sampler: klgrad's KV-cache sampler, transformers generate, or vLLM (CUDA GPU + klgrad[vllm]; docs/vllm.md)."""
     prompts_per_step: int = 32
     """Prompts drawn per step, in all (under accelerate launch each process answers an equal share)."""
@@ -235,7 +237,7 @@ class OptimConfig:
     """Global grad-norm clip; None = off."""
     warmup_steps: int = 0
     """Linear warm-up steps."""
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    schedule: Schedule = "constant"
     """LR schedule after warm-up."""
 
     def validate(self, at: str) -> None:

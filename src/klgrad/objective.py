@@ -40,10 +40,11 @@ from klgrad.kl import (
     RewardRatioLevel,
     get_kl_head,
     importance_ratio,
-    kl_estimate,
     kl_loss_per_sequence,
     level_coefficients,
     masked_sum,
+    sequence_kl_estimates,
+    sequence_log_ratio,
 )
 
 if TYPE_CHECKING:
@@ -405,11 +406,9 @@ def objective_diagnostics(
     n_tok = mask.sum().clamp(min=1)
     f = lambda x: x.detach().float() if x.dtype in (torch.float16, torch.bfloat16) else x.detach()  # noqa: E731
     l, r = f(logp), f(ref_logp)  # (B, T) float32 or float64, never lowered
-    u = torch.where(mask, l - r, 0.0)  # (B, T) per-token log-ratio first: no cancellation of large sums
-    seq_u = u.sum(-1)  # (B,)
-    out: dict[str, float] = {}
-    for kind in ("k1", "k2", "k3"):
-        out[f"kl_{kind}"] = float(kl_estimate(seq_u, torch.zeros_like(seq_u), kind).mean())
+    u = torch.where(mask, l - r, 0.0)  # (B, T) per-token log-ratio
+    estimates = sequence_kl_estimates(sequence_log_ratio(l, r, mask))  # (B,) each
+    out: dict[str, float] = {f"kl_{kind}": float(value.mean()) for kind, value in estimates.items()}
     out["logp_gap"] = float(u.sum() / n_tok)
     out["logp_gap_abs"] = float(u.abs().sum() / n_tok)
     if old_logp is None:

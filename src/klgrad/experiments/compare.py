@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from klgrad.config import Config, load_config
 from klgrad.experiments.exact_kl import sampled_kl_estimates, tree_kl
-from klgrad.experiments.exact_objective import PRUNE, exact_objective
+from klgrad.experiments.exact_objective import PRUNE
 from klgrad.experiments.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
 from klgrad.plotting import pyplot, save
 from klgrad.runlock import run_lock
@@ -102,21 +102,16 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     against the same reference on the same prompts (:func:`klgrad.experiments.exact_objective.exact_objective`;
     one enumeration gives it and the exact KL).
     """
-    from safetensors.torch import load_model
-
-    from klgrad.logprobs import sequence_logprobs
     from klgrad.models import load_model_and_tokenizer
     from klgrad.rollout.encoding import encode_prompts
     from klgrad.rollout.samplers import KlgradSampler
-    from klgrad.trainer import latest_checkpoint
+    from klgrad.trainer.checkpoints import latest_checkpoint, load_weights
+    from klgrad.trainer.evaluation import objective_on, reference_log_ratios
 
     model_dir = reference_path(cfg)
     policy, tok = load_model_and_tokenizer(model_dir)
     ref, _ = load_model_and_tokenizer(model_dir)
-    ckpt = latest_checkpoint(run_dir)
-    load_model(policy, str(ckpt / "policy.safetensors"))
-    if (ckpt / "ref.safetensors").is_file():  # reset every kl.reset_ref_every steps: the last reset's weights
-        load_model(ref, str(ckpt / "ref.safetensors"))
+    load_weights(latest_checkpoint(run_dir), policy, ref)  # the reference the run ended with
     policy.eval()
     ref.eval()
     _, heldout = load_data(cfg)
@@ -124,17 +119,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     ids, mask = encode_prompts(tok, prompts)
     out: dict = {}
     if cfg.rollout.max_new_tokens <= 10 and cfg.kl.beta > 0:  # short answers: the response tree is small
-        obj = exact_objective(
-            policy,
-            ref,
-            tok,
-            heldout[:n_prompts],
-            reward_specs(cfg),
-            beta=cfg.kl.beta,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-        )
+        obj = objective_on(policy, ref, tok, heldout[:n_prompts], reward_specs(cfg), cfg)
         out.update(exact_kl=obj["kl"], exact_kl_pruned_mass=obj["pruned_mass_max"], exact_kl_nodes=obj["nodes"])
         out["objective"] = obj
     elif cfg.rollout.max_new_tokens <= 10:  # β = 0: no objective to judge, the KL alone
@@ -151,7 +136,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
         )
         out.update(exact_kl=tk["kl"], exact_kl_pruned_mass=tk["pruned_mass"], exact_kl_nodes=tk["nodes"])
     gen = torch.Generator().manual_seed(12345)
-    r = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(
+    sampled = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(
         policy,
         ids,
         mask,
@@ -160,9 +145,8 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
         temperature=cfg.rollout.temperature,
         generator=gen,
     )
-    ref_lp, _ = sequence_logprobs(ref, r.input_ids, r.attention_mask, ids.shape[1], cfg.rollout.temperature)
-    est = sampled_kl_estimates(r.logp, ref_lp, r.response_mask)
-    out.update({f"sampled_{k}": v for k, v in est.items()})
+    log_ratios = reference_log_ratios(sampled, ref, ids.shape[1], cfg.rollout.temperature)  # (P·samples,)
+    out.update({f"sampled_{k}": v for k, v in sampled_kl_estimates(log_ratios).items()})
     return out
 
 

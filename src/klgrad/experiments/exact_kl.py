@@ -202,13 +202,12 @@ def tree_kl(
     }
 
 
-@torch.no_grad()
-def sampled_kl_estimates(policy_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """Mean k1, k2, k3 of the sequence log-ratio over sampled responses ((N, T) log-probs per model)."""
-    from klgrad.kl import kl_estimate
+def sampled_kl_estimates(seq_log_ratio: Tensor) -> dict[str, float]:
+    """Mean k1, k2, k3 (in float64) of the sequence log-ratios U (N,) of sampled responses, and k1's standard
+    error."""
+    from klgrad.kl import sequence_kl_estimates
 
-    u = torch.where(mask, policy_logp - ref_logp, 0.0).sum(-1).double()  # (N,)
-    zero = torch.zeros_like(u)
-    out = {k: float(kl_estimate(u, zero, k).mean()) for k in ("k1", "k2", "k3")}
+    u = seq_log_ratio.detach().double()  # (N,)
+    out: dict[str, float] = {k: float(v.mean()) for k, v in sequence_kl_estimates(u).items()}
     out["k1_stderr"] = float(u.std() / max(1, u.numel()) ** 0.5) if u.numel() > 1 else float("nan")
     return out

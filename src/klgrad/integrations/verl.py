@@ -211,9 +211,7 @@ def compute_policy_loss_klgrad(
             )
         ref = log_prob.detach()  # unused: the KL head is off
     adv = advantages if rollout_is_weights is None else advantages * rollout_is_weights.detach()  # (B, T)
-    terms = policy_objective(
-        log_prob, ref, mask, adv, spec, old_logp=old_log_prob, **_normalisers(config)
-    )
+    terms = policy_objective(log_prob, ref, mask, adv, spec, old_logp=old_log_prob, **_normalisers(config))
     diag = objective_diagnostics(log_prob, ref, mask, adv, spec, old_logp=old_log_prob)
     metrics = {
         "actor/pg_clipfrac": diag["clip_frac"],

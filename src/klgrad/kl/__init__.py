@@ -41,7 +41,13 @@ surrogate) and :mod:`~klgrad.kl.loss` (:func:`kl_loss`, :func:`adaptive_beta`). 
 ``klgrad.kl``.
 """
 
-from klgrad.kl.estimators import EstimatorKind, kl_estimate
+from klgrad.kl.estimators import (
+    ESTIMATORS,
+    EstimatorKind,
+    kl_estimate,
+    sequence_kl_estimates,
+    sequence_log_ratio,
+)
 from klgrad.kl.heads import (
     KL_HEADS,
     CoefficientFn,
@@ -76,6 +82,7 @@ from klgrad.kl.offpolicy import (
 )
 
 __all__ = [
+    "ESTIMATORS",
     "EXP_CAP",
     "KL_HEADS",
     "LEVELS",
@@ -113,6 +120,8 @@ __all__ = [
     "masked_sum",
     "mse_coefficient",
     "reverse_cumsum",
+    "sequence_kl_estimates",
+    "sequence_log_ratio",
     "unit_coefficient",
     "zero_coefficient",
 ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from klgrad.kl.numerics import at_least_f32, expm1_linear_tail
@@ -28,3 +29,24 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, kind: EstimatorKind) -> Tensor:
     if kind == "k3":
         return expm1_linear_tail(-u) + u
     raise ValueError(f"kind must be one of ('k1', 'k2', 'k3'), got {kind!r}")
+
+
+ESTIMATORS: tuple[EstimatorKind, ...] = ("k1", "k2", "k3")
+
+
+def sequence_log_ratio(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """U = Σ_t m_t (l_t − r_t), (B, T) -> (B,): the sequence log-ratio log π(y|x) − log π_ref(y|x).
+
+    The per-token difference is taken first (no cancellation between two large sums), in the inputs' precision
+    (float32 or better: half precision is promoted). Padding never enters: masked before the sum.
+    """
+    return torch.where(mask.bool(), at_least_f32(logp) - at_least_f32(ref_logp), 0.0).sum(-1)
+
+
+def sequence_kl_estimates(seq_log_ratio: Tensor) -> dict[EstimatorKind, Tensor]:
+    """k1, k2, k3 of sequence log-ratios U (:func:`sequence_log_ratio`) of responses sampled from π, (B,) each.
+
+    Their means estimate KL(π‖π_ref) between the response distributions (k1, k3 unbiased; k2 biased);
+    the one place klgrad turns sampled sequences into KL values (training record, evaluation, ``compare``).
+    """
+    return {kind: kl_estimate(seq_log_ratio, torch.zeros_like(seq_log_ratio), kind) for kind in ESTIMATORS}

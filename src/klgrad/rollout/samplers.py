@@ -14,7 +14,7 @@ masked out; a response that reaches ``max_new_tokens`` without EOS is marked tru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 from torch import Tensor
@@ -318,6 +318,10 @@ def _vllm_sampler(eos_id: int, pad_id: int, **options) -> Sampler:
 
 KVCacheSampler = KlgradSampler
 """The former name of :class:`KlgradSampler`."""
+
+Engine = Literal["klgrad", "hf", "vllm"]
+"""``rollout.engine``: klgrad's own KV-cache decoder (:class:`KlgradSampler`), transformers ``generate``, vLLM."""
+ENGINES: tuple[str, ...] = get_args(Engine)
 
 SAMPLERS = {"klgrad": KlgradSampler, "hf": HFGenerateSampler, "vllm": _vllm_sampler}
 

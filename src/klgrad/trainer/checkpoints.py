@@ -87,11 +87,17 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int, float]:
-    """Load a checkpoint into the given objects; returns (step, β)."""
+def load_weights(path: Path, policy, ref) -> None:
+    """The checkpoint's policy into ``policy``, and its reference into ``ref`` when the run reset its reference
+    (``kl.reset_ref_every``: the reference in force at that step; otherwise ``ref`` stays the starting model)."""
     load_model(policy, str(path / "policy.safetensors"))
     if (path / "ref.safetensors").is_file():
         load_model(ref, str(path / "ref.safetensors"))
+
+
+def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int, float]:
+    """Load a checkpoint into the given objects; returns (step, β)."""
+    load_weights(path, policy, ref)
     try:  # weights_only: tensors and plain containers only, never arbitrary pickled objects
         state = torch.load(path / "optim.pt", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as e:

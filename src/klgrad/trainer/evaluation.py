@@ -1,18 +1,22 @@
 """Held-out evaluation: greedy accuracy, sampled reward, sequence KL to the reference, the exact objective.
 
-Used by the loop every ``train.eval_every`` steps (and for the reference at step 0) and by ``klgrad compare``.
+Used by the loop every ``train.eval_every`` steps (and for the reference at step 0); ``klgrad compare`` judges
+each run's final policy with the same pieces (:func:`reference_log_ratios`, :func:`objective_on`).
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from klgrad.config import Config
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.experiments.exact_objective import exact_objective
+from klgrad.kl import sequence_kl_estimates, sequence_log_ratio
 from klgrad.logprobs import sequence_logprobs
 from klgrad.rewards import compute_rewards
 from klgrad.rollout.encoding import decode_responses, encode_prompts
+from klgrad.rollout.samplers import Rollout
 
 
 @torch.no_grad()
@@ -61,27 +65,37 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
         out["eval/sampled_accuracy"] = sum(a or 0.0 for a in sampled_rewards.per_function["accuracy"]) / len(prompts)
     if cfg.rollout.top_p < 1.0:  # the KL estimates need a sample of the full distribution
         sampled = sample(1.0)
-    ref_logp, _ = sequence_logprobs(
-        ref, sampled.input_ids, sampled.attention_mask, ids.shape[1], cfg.rollout.temperature
-    )
-    u = torch.where(sampled.response_mask, sampled.logp - ref_logp, 0.0).sum(-1)  # (N,) sequence log-ratio
-    out["eval/kl_k1"] = float(u.mean())
-    out["eval/kl_k3"] = float((torch.expm1(-u) + u).mean())
+    estimates = sequence_kl_estimates(reference_log_ratios(sampled, ref, ids.shape[1], cfg.rollout.temperature))
+    out["eval/kl_k1"] = float(estimates["k1"].mean())
+    out["eval/kl_k3"] = float(estimates["k3"].mean())
     n_objective = eval_objective_prompts(cfg)
     if n_objective:
-        obj = exact_objective(
-            policy,
-            ref,
-            tokenizer,
-            examples[:n_objective],
-            specs,
-            beta=cfg.kl.beta,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-        )
-        out.update(objective_metrics(obj))
+        out.update(objective_metrics(objective_on(policy, ref, tokenizer, examples[:n_objective], specs, cfg)))
     return out
+
+
+@torch.no_grad()
+def reference_log_ratios(sampled: Rollout, ref, prompt_width: int, temperature: float) -> Tensor:
+    """(N,) sequence log-ratios log π(y|x) − log π_ref(y|x) of sampled responses: the sampler's log-probs of
+    the policy against the reference's, at the sampling temperature."""
+    ref_logp, _ = sequence_logprobs(ref, sampled.input_ids, sampled.attention_mask, prompt_width, temperature)
+    return sequence_log_ratio(sampled.logp, ref_logp, sampled.response_mask)
+
+
+def objective_on(policy, ref, tokenizer, examples: list[Example], specs, cfg: Config) -> dict:
+    """The exact objective J_β of ``policy`` against ``ref`` on ``examples`` at β = ``kl.beta`` (every response
+    enumerated: :func:`~klgrad.experiments.exact_objective.exact_objective`), its optimum and KL(π‖π*)."""
+    return exact_objective(
+        policy,
+        ref,
+        tokenizer,
+        examples,
+        specs,
+        beta=cfg.kl.beta,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+    )
 
 
 def eval_objective_prompts(cfg: Config) -> int:

@@ -21,6 +21,7 @@ from torch import Tensor
 from klgrad.advantages import shape_rewards
 from klgrad.config import Config, to_dict
 from klgrad.objective import ObjectiveSpec, objective_diagnostics
+from klgrad.plotting import pyplot, save
 from klgrad.rewards import RewardResult
 from klgrad.trainer.update import UpdateStats
 
@@ -274,11 +275,7 @@ CURVES = (
 def plot_curves(records: list[dict], path: Path, title: str) -> None:
     """The paper's panels (reward, accuracy, KL loss, log-prob diff, length, entropy, reward std, policy
     loss, sequence KL) against the step, with held-out greedy accuracy on the accuracy panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(3, 3, figsize=(13, 9.5))
     steps = [r["step"] for r in records if "reward/mean" in r]
     for ax, (key, label) in zip(axes.flat, CURVES, strict=True):
@@ -294,8 +291,7 @@ def plot_curves(records: list[dict], path: Path, title: str) -> None:
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, dpi=110)
 
 
 def finish_run(cfg: Config, run_dir: Path) -> dict:
