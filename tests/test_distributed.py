@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from klgrad.config import ConfigError, load_config
 from klgrad.distributed import check_config
-from klgrad.trainer import EMBEDDED_DIR, mini_batch_rows, read_jsonl, rollout_uniforms, train
+from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
 from tolerances import adamw_step_bound, llama_depth, network_tol
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
@@ -159,23 +159,6 @@ def test_two_processes_train_like_one(tmp_path, case):
 
 # ----------------------------------------------------------------------------------------------------------
 # the rules behind the equality, without launching
-
-
-def test_uniforms_of_a_prompt_do_not_depend_on_the_split():
-    whole = rollout_uniforms(0, 5, slice(0, 8), 4, 6)  # (32, 6)
-    halves = torch.cat([rollout_uniforms(0, 5, slice(0, 4), 4, 6), rollout_uniforms(0, 5, slice(4, 8), 4, 6)])
-    assert torch.equal(whole, halves)
-    assert not torch.equal(whole, rollout_uniforms(0, 6, slice(0, 8), 4, 6))  # another step, other draws
-    assert not torch.equal(whole[:4], whole[4:8])  # prompts draw independently
-
-
-def test_mini_batches_take_the_same_groups_from_every_shard():
-    n, g, m, world = 32, 4, 2, 2  # 8 groups, 2 mini-batches, 2 ranks of 4 groups each
-    whole = mini_batch_rows(n, g, m)
-    for k in range(m):
-        union = torch.cat([r * (n // world) + mini_batch_rows(n // world, g, m)[k] for r in range(world)])
-        assert torch.equal(union.sort().values, whole[k].sort().values)
-    assert whole[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]  # groups 0, 2, 4, 6
 
 
 @pytest.mark.parametrize(

@@ -396,3 +396,42 @@ def test_plain_integer_fast_path_declines_anything_else(completion, answer):
     from klgrad.rewards.accuracy import plain_integer_verdict
 
     assert plain_integer_verdict(completion, answer) is None
+
+
+def test_merging_the_results_of_row_blocks_equals_scoring_all_rows_at_once():
+    """merge_rewards joins the results of consecutive row blocks (ranks) into the result of all rows: totals,
+    per-function values, failure counts and error messages in row order. A function that raises fails the
+    call it was given (all of that block's rows), so its failures are counted per block and add up."""
+    from klgrad.rewards import RewardSpec, merge_rewards
+
+    def length(prompts, completions, **kw):
+        if any("x" in c for c in completions):
+            raise ValueError("x seen")
+        return [float(len(c)) for c in completions]
+
+    specs = [RewardSpec.load("accuracy", 1.0), RewardSpec("length", length, 0.5)]
+    examples = make_splits("addition", 20, 2, 0, 2)[0][:6]
+    prompts = [e.prompt for e in examples]
+
+    def score(completions: list[str], rows: slice):
+        return compute_rewards(
+            specs, prompts[rows], completions[rows], examples_to_columns(examples[rows]), failure_value=-1.0
+        )
+
+    completions = [sft_target("addition", e) for e in examples]
+    completions[1] = "wrong"
+    whole = score(completions, slice(0, 6))
+    merged = merge_rewards([score(completions, slice(i, i + 2)) for i in range(0, 6, 2)])
+    assert merged.total == whole.total
+    assert merged.per_function == whole.per_function
+    assert merged.failures == whole.failures == {"accuracy": 0, "length": 0}
+    assert 0 < sum(whole.per_function["accuracy"]) < 6  # rows differ: an out-of-order merge would show
+
+    completions[4] = "x"  # the length function now raises in the third block only
+    blocks = [score(completions, slice(i, i + 2)) for i in range(0, 6, 2)]
+    merged = merge_rewards(blocks)
+    assert merged.failures == {"accuracy": 0, "length": 2}
+    assert len(merged.errors["length"]) == 1
+    assert merged.per_function["length"][:4] == whole.per_function["length"][:4]  # the other blocks' values
+    assert merged.per_function["length"][4:] == [-1.0, -1.0]
+    assert merge_rewards(blocks[:1]) is blocks[0]

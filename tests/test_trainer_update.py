@@ -180,3 +180,12 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_weights_and_optimizer_state
 def test_mini_batches_hold_every_m_th_group():
     rows = mini_batch_rows(12, 2, 3)  # 6 groups of 2 rows
     assert [r.tolist() for r in rows] == [[0, 1, 6, 7], [2, 3, 8, 9], [4, 5, 10, 11]]
+
+
+def test_mini_batches_take_the_same_groups_from_every_shard():
+    n, g, m, world = 32, 4, 2, 2  # 8 groups, 2 mini-batches, 2 ranks of 4 groups each
+    whole = mini_batch_rows(n, g, m)
+    for k in range(m):
+        union = torch.cat([r * (n // world) + mini_batch_rows(n // world, g, m)[k] for r in range(world)])
+        assert torch.equal(union.sort().values, whole[k].sort().values)
+    assert whole[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]  # groups 0, 2, 4, 6
