@@ -104,7 +104,7 @@ def test_objective_unchanged_with_none_or_unit_weights(old):
     kw = {"old_logp": old_logp if old else None}
     base = policy_objective(logp, ref, mask, adv, spec, **kw)
     (g_base,) = torch.autograd.grad(base.loss, logp)
-    ones = policy_objective(logp, ref, mask, adv, spec, behaviour_weights=torch.ones_like(ref), **kw)
+    ones = policy_objective(logp, ref, mask, adv, spec, mismatch_weights=torch.ones_like(ref), **kw)
     (g_ones,) = torch.autograd.grad(ones.loss, logp)
     assert torch.equal(base.loss, ones.loss)
     assert torch.equal(g_base, g_ones)
@@ -115,13 +115,17 @@ def test_objective_weights_scale_only_the_reward_head():
     logp, ref, _, mask, adv = _objective_inputs(2)
     spec = ObjectiveSpec(kl_head="k2_as_loss", beta=0.5, kl_level="token")
     base = policy_objective(logp, ref, mask, adv, spec)
-    w = policy_objective(logp, ref, mask, adv, spec, behaviour_weights=torch.full_like(ref, 3.0))
+    w = policy_objective(logp, ref, mask, adv, spec, mismatch_weights=torch.full_like(ref, 3.0))
     torch.testing.assert_close(w.policy_loss, 3 * base.policy_loss, **TIGHT)
     torch.testing.assert_close(w.kl_loss, base.kl_loss, **TIGHT)
+    alias = policy_objective(logp, ref, mask, adv, spec, behaviour_weights=torch.full_like(ref, 3.0))
+    assert torch.equal(alias.loss, w.loss)  # the former name of mismatch_weights
+    with pytest.raises(ValueError, match="not both"):
+        policy_objective(logp, ref, mask, adv, spec, mismatch_weights=ref, behaviour_weights=ref)
     pg_only = ObjectiveSpec(kl_head="none")
     (g1,) = torch.autograd.grad(policy_objective(logp, ref, mask, adv, pg_only).loss, logp)
     weights = torch.full_like(ref, 3.0)
-    (g3,) = torch.autograd.grad(policy_objective(logp, ref, mask, adv, pg_only, behaviour_weights=weights).loss, logp)
+    (g3,) = torch.autograd.grad(policy_objective(logp, ref, mask, adv, pg_only, mismatch_weights=weights).loss, logp)
     torch.testing.assert_close(g3, 3 * g1, **TIGHT)
 
 
@@ -129,7 +133,7 @@ def test_objective_per_token_weights_match_a_loop_reference():
     # on-policy, seq_mean_token_sum, no KL: loss = -(1/B) Σ_i Σ_t m w A ρ with ρ = 1 in value
     logp, ref, _, mask, adv = _objective_inputs(3)
     w = torch.rand(ref.shape, generator=torch.Generator().manual_seed(9), dtype=F64) * 2
-    out = policy_objective(logp, ref, mask, adv, ObjectiveSpec(kl_head="none"), behaviour_weights=w)
+    out = policy_objective(logp, ref, mask, adv, ObjectiveSpec(kl_head="none"), mismatch_weights=w)
     B, T = ref.shape
     expect = -sum(float(w[i, t] * adv[i, t]) for i in range(B) for t in range(T) if mask[i, t]) / B
     assert math.isclose(float(out.loss.detach()), expect, rel_tol=1e-12, abs_tol=1e-12)
@@ -137,8 +141,8 @@ def test_objective_per_token_weights_match_a_loop_reference():
 
 def test_objective_rejects_misshaped_weights():
     logp, ref, _, mask, adv = _objective_inputs(4)
-    with pytest.raises(ValueError, match="behaviour_weights"):
-        policy_objective(logp, ref, mask, adv, ObjectiveSpec(), behaviour_weights=torch.ones(1, 1, dtype=F64))
+    with pytest.raises(ValueError, match="mismatch_weights"):
+        policy_objective(logp, ref, mask, adv, ObjectiveSpec(), mismatch_weights=torch.ones(1, 1, dtype=F64))
 
 
 # -- the engine's requirements: the real check on this machine, never a mock of vLLM ------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from klgrad import __version__
 from klgrad.completion import SHELLS, completion_script
+from klgrad.experiments.reproduce import TARGETS
 
 
 def _console():
@@ -245,15 +246,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-REPRODUCE_TARGETS = (
-    "coefficients",
-    "k3-gaussian",
-    "k3-uniform-bias",
-    "group-norm",
-    "gradient-equivalence",
-    "offpolicy",
-    "fixed-points",
-)
+REPRODUCE_TARGETS: tuple[str, ...] = tuple(TARGETS)
+"""``klgrad reproduce`` names (:data:`klgrad.experiments.reproduce.TARGETS`)."""
 
 
 def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
@@ -279,71 +273,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace, out: Path) -> int:
-    name = args.name
-    if name == "coefficients":
-        from klgrad.audit.coefficients import write_coefficient_figure
-
-        curves = write_coefficient_figure(out)
-        (out / "verdict.md").write_text(
-            "# Figure 1: score-function coefficients at π_ref = 0.25\n\n"
-            f"Computed with klgrad's own heads over log π ∈ [{curves['lo']}, {curves['hi']}]: k1-in-reward and "
-            "k2-as-loss share c = log π − log π_ref (linear restoring force); k3-as-loss c = 1 − π_ref/π saturates "
-            "at 1 above π_ref and diverges below it; MSE c = π − π_ref is bounded; k1-as-loss c ≡ 1. "
-            "Verdict: reproduced (the curves are the paper's closed forms, checked in tests/test_coefficients.py).\n"
-        )
-    elif name == "gradient-equivalence":
-        from klgrad.audit.run import AuditConfig, print_tables, run_audit, write_audit
-
-        result = run_audit(AuditConfig())
-        write_audit(result, out)
-        print_tables(result, _console())
-        (out / "verdict.md").write_text(_equivalence_verdict(result))
-    elif name == "k3-gaussian":
-        from klgrad.experiments.estimators import run_k3_gaussian
-
-        run_k3_gaussian(out)
-    elif name == "k3-uniform-bias":
-        from klgrad.experiments.estimators import run_k3_uniform_bias
-
-        run_k3_uniform_bias(out)
-    elif name == "group-norm":
-        from klgrad.experiments.group_norm import run_group_norm_amplification
-        from klgrad.experiments.rl_repro import run_group_norm_rl
-
-        run_group_norm_amplification(out)
-        first = (out / "verdict.md").read_text()
-        run_group_norm_rl(out / "rl", steps=args.steps or 40)
-        (out / "verdict.md").write_text(first + "\n" + (out / "rl" / "verdict.md").read_text())
-    elif name == "offpolicy":
-        from klgrad.experiments.rl_repro import run_offpolicy
-
-        run_offpolicy(out, steps=args.steps or 40)
-    elif name == "fixed-points":
-        from klgrad.experiments.fixed_points import write_fixed_points
-
-        write_fixed_points(out)
+    TARGETS[args.name](out, args.steps)
     print((out / "verdict.md").read_text())
     print(f"wrote {out}/ (JSON, PNG, verdict.md)")
     return 0
-
-
-def _equivalence_verdict(result: dict) -> str:
-    from klgrad.audit.run import headline
-
-    h = headline(result)
-    return (
-        "# Gradient equivalence (paper §4), by exact enumeration\n\n"
-        f"- k1-in-reward vs exact ∇KL(π‖π_ref), sequence level: rel. error {h['k1_in_reward/sequence err_rkl']:.1e}\n"
-        f"- k2-as-loss, sequence: {h['k2_as_loss/sequence err_rkl']:.1e}; token_to_go: "
-        f"{h['k2_as_loss/token_to_go err_rkl']:.1e}; token level (GRPO-style): {h['k2_as_loss/token err_rkl']:.3f}\n"
-        f"- k3-as-loss, sequence: {h['k3_as_loss/sequence err_rkl']:.3f} (it is exactly the forward-KL gradient)\n"
-        f"- k1-as-loss expected gradient norm: {h['k1_as_loss/sequence grad_norm']:.1e} (zero)\n"
-        f"- off-policy k2-as-loss: no IS {h['k2_as_loss/sequence off-policy no_is err']:.3f}, sequence IS "
-        f"{h['k2_as_loss/sequence off-policy is_seq err']:.1e}, IS + clip "
-        f"{h['k2_as_loss/sequence off-policy is_seq_clip err']:.3f}\n\n"
-        "Verdict: every equivalence the paper proves holds to float64 round-off; k3's bias and k1-as-loss's "
-        "zero gradient are as the paper says; the uncorrected off-policy as-loss head is biased.\n"
-    )
 
 
 def add_completion_parser(sub: argparse._SubParsersAction) -> None:
