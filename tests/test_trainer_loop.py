@@ -94,8 +94,10 @@ def test_end_to_end_run_logs_every_metric_and_checkpoints_the_policy_it_evaluate
     assert summary["steps"] == 3
     assert summary["eval_last"] == {k: v for k, v in evals[-1].items() if k.startswith("eval/") or k == "step"}
     # The policy the run evaluated at step 3 is the one its last checkpoint holds: evaluating the checkpoint
-    # again (same code, same machine, same seed) gives the very same numbers. A checkpoint of other weights
-    # (the reference, an earlier step, or a policy the update never changed) would not.
+    # again gives the same numbers, discrete ones (accuracies) exactly and continuous ones within the rounding
+    # of two float32 evaluations of one network (network_tol of the 4-layer Llama, width ≤ 512: 5.5e-4
+    # relative; measured ~1e-7, from memory layout: the same process, other buffers). The step-2 evaluation,
+    # one update away, differs by more than that in the exact KL, so a checkpoint of other weights would fail.
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_000003"
     policy, tok = load_model_and_tokenizer(EMBEDDED_DIR / "tiny_addition")
     ref, _ = load_model_and_tokenizer(EMBEDDED_DIR / "tiny_addition")
@@ -104,9 +106,12 @@ def test_end_to_end_run_logs_every_metric_and_checkpoints_the_policy_it_evaluate
     ref.eval()
     sampler = make_sampler("klgrad", tok.eos_token_id, tok.pad_token_id)
     again = evaluate(policy, ref, tok, load_data(cfg)[1], cfg, reward_specs(cfg), sampler, seed=cfg.train.seed)
-    assert {k: v for k, v in again.items() if not k.startswith("time/")} == {
-        k: v for k, v in evals[-1].items() if k.startswith("eval/")
-    }
+    rel = network_tol(llama_depth(4), 512, 1.0)
+    for key in ("eval/greedy_accuracy", "eval/greedy_reward", "eval/sampled_reward", "eval/sampled_accuracy"):
+        assert again[key] == evals[-1][key], key
+    for key in ("eval/kl_k1", "eval/kl_k3", "eval/J", "eval/J_star", "eval/exact_kl", "eval/kl_to_optimum"):
+        assert again[key] == pytest.approx(evals[-1][key], rel=rel, abs=1e-9), key
+    assert abs(evals[1]["eval/exact_kl"] - evals[2]["eval/exact_kl"]) > 10 * rel * evals[2]["eval/exact_kl"]
     # ... and it is not the reference: three updates at lr 1e-3 moved it measurably away (exact KL on the
     # held-out prompts, which is 0 up to float32 rounding, ~1e-7, for the reference itself).
     assert evals[-1]["eval/exact_kl"] > 1e-4
@@ -163,7 +168,7 @@ def test_off_policy_combined_and_adaptive_paths_do_what_they_say(tmp_path, over)
         policy, ref = weights(saved / "policy.safetensors"), weights(saved / "ref.safetensors")
         assert all(torch.equal(policy[k], ref[k]) for k in policy)
         start = weights(EMBEDDED_DIR / "tiny_addition" / "model.safetensors")
-        assert any(not torch.equal(policy[k], start[k]) for k in policy)  # ... and not the starting model
+        assert any(not torch.equal(policy[k], start[k]) for k in policy.keys() & start.keys())  # not the start
 
 
 def test_file_data_path_runs(tmp_path):
