@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-import klgrad.experiments.estimators
+import klgrad.experiments.k3_gaussian
 from klgrad.audit.run import headline
 from klgrad.cli import main
 from klgrad.experiments.group_norm_rl import group_norm_rl_verdict
@@ -57,7 +57,7 @@ def test_k3_uniform_bias(tmp_path):
 def test_k3_gaussian_dispatch(tmp_path, monkeypatch):
     # the full-size target takes minutes: the CLI's import path is pointed at a small run of the same function
     small = functools.partial(
-        klgrad.experiments.estimators.run_k3_gaussian,
+        klgrad.experiments.k3_gaussian.run_k3_gaussian,
         n_samples=2_000,
         n_runs=4,
         sigmas=(0.5, 1.2),
@@ -65,7 +65,7 @@ def test_k3_gaussian_dispatch(tmp_path, monkeypatch):
         sweep_repeats=2,
         paper_n_samples=1_000,
     )
-    monkeypatch.setattr(klgrad.experiments.estimators, "run_k3_gaussian", small)
+    monkeypatch.setattr(klgrad.experiments.k3_gaussian, "run_k3_gaussian", small)
     out = _reproduce(tmp_path, "k3-gaussian")
     res = json.loads((out / "k3_gaussian.json").read_text())
     assert res["setup"]["n_runs"] == 4

@@ -43,7 +43,15 @@ from klgrad.trainer.checkpoints import save_checkpoint
 from klgrad.trainer.draws import draw_prompts, pad_responses, rollout_uniforms, step_generator
 from klgrad.trainer.evaluation import evaluate
 from klgrad.trainer.faults import fault
-from klgrad.trainer.record import StepBatch, StepClock, finish_run, finite_or_none, read_jsonl, step_record
+from klgrad.trainer.record import (
+    StepBatch,
+    StepClock,
+    finish_run,
+    finite_or_none,
+    read_jsonl,
+    step_record,
+    summarize,
+)
 from klgrad.trainer.record import require_wandb as _require_wandb
 from klgrad.trainer.setup import Run, load_data, reference_path, resolve_device, reward_specs, setup_run
 from klgrad.trainer.update import Batch, UpdateStats, objective_spec, update
@@ -136,7 +144,7 @@ def run_steps(run: Run, progress: bool, stop_after: int | None) -> dict:
     run.record.close()
     summary = finish_run(cfg, run.run_dir) if dist.is_main else None
     dist.barrier()  # the other ranks return rank 0's summary
-    return summary if dist.is_main else finish_summary(run)
+    return summary if dist.is_main else summarize(read_jsonl(run.record.metrics_path))  # rank 0's records
 
 
 def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
@@ -324,10 +332,3 @@ def stop_if_not_finite(run: Run, step: int, stats: UpdateStats, consecutive_skip
             f"non-finite loss or gradient in {consecutive_skips} consecutive steps (up to step {step}); "
             f"stopped. The last good weights are in {ckpt}; continue with --resume {run.run_dir}"
         )
-
-
-def finish_summary(run: Run) -> dict:
-    """The summary of the metrics rank 0 wrote (other ranks)."""
-    from klgrad.trainer.record import summarize
-
-    return summarize(read_jsonl(run.record.metrics_path))
