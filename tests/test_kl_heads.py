@@ -62,8 +62,11 @@ HEAD_NAMES = (
     "k3_in_reward",
     "k1_as_loss",
     "mse_in_reward",
+    "fkl_as_loss",
+    "js_in_reward",
+    "js_as_loss",
 )
-AS_LOSS = ("k2_as_loss", "k3_as_loss", "k1_as_loss")
+AS_LOSS = ("k2_as_loss", "k3_as_loss", "k1_as_loss", "fkl_as_loss", "js_as_loss")
 STYLES = {
     "none": "none",
     "k1_in_reward": "in_reward",
@@ -72,6 +75,9 @@ STYLES = {
     "k3_in_reward": "in_reward",
     "k1_as_loss": "as_loss",
     "mse_in_reward": "in_reward",
+    "fkl_as_loss": "as_loss",
+    "js_in_reward": "in_reward",
+    "js_as_loss": "as_loss",
 }
 FAST = settings(max_examples=60, deadline=None)
 F32_MAX_1E18 = 9.999999843067494e17  # the largest float32 <= 1e18 (hypothesis needs representable bounds)
@@ -106,6 +112,9 @@ def closed_coefficient(name: str, l: torch.Tensor, r: torch.Tensor) -> torch.Ten
         "k3_in_reward": 1.0 - torch.exp(-u),
         "k1_as_loss": torch.ones_like(u),
         "mse_in_reward": torch.exp(l) - torch.exp(r),
+        "fkl_as_loss": -torch.exp(-u),
+        "js_in_reward": 0.5 * torch.log(2.0 / (1.0 + torch.exp(-u))),
+        "js_as_loss": -0.5 * torch.exp(-u) * torch.log(2.0 * torch.exp(-u) / (1.0 + torch.exp(-u))),
     }[name]
 
 
@@ -120,6 +129,9 @@ def coef_py(name: str, l: float, r: float) -> float:
         "k3_in_reward": 1.0 - math.exp(-u),
         "k1_as_loss": 1.0,
         "mse_in_reward": math.exp(l) - math.exp(r),
+        "fkl_as_loss": -math.exp(-u),
+        "js_in_reward": 0.5 * math.log(2.0 / (1.0 + math.exp(-u))),
+        "js_as_loss": -0.5 * math.exp(-u) * math.log(2.0 * math.exp(-u) / (1.0 + math.exp(-u))),
     }[name]
 
 

@@ -90,10 +90,12 @@ TARGET_TEXT: dict[str, str] = {
     "rkl": "∇KL(π‖π_ref) over whole responses: the exact reverse-KL gradient",
     "fkl": "∇KL(π_ref‖π) over whole responses: the *forward* KL, biased for the reverse KL",
     "mse": "∇ ½ Σ_y (π(y) - π_ref(y))²: an MSE distance, not a KL",
+    "js": "∇JS(π‖π_ref) over whole responses: the Jensen–Shannon divergence to the mixture (π + π_ref)/2",
     "local_rkl": "Σ_t E_{y<t}[∇KL(π(·|y<t)‖π_ref(·|y<t))] with the prefix distribution held fixed: per-step reverse "
     "KL, biased (the effect of today's token on future prefixes is dropped)",
     "local_fkl": "per-step forward KL, prefix distribution held fixed",
     "local_mse": "per-step MSE distance, prefix distribution held fixed",
+    "local_js": "per-step Jensen–Shannon divergence, prefix distribution held fixed",
     "expected_length": "∇E_π[|y|]: pressure on response length, independent of π_ref",
     "zero": "no gradient in expectation (only zero-mean noise)",
 }

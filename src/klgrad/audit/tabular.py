@@ -13,6 +13,7 @@ library's own :func:`klgrad.kl.kl_loss_per_sequence` on a batch that holds every
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -125,9 +126,10 @@ def exact_objective(space: TabularSpace, target: str, logits: Tensor, ref_logits
     r"""Scalar whose gradient w.r.t. ``logits`` is the named target (see :mod:`klgrad.kl`).
 
     rkl: Σ_y π log(π/π_ref);  fkl: Σ_y π_ref log(π_ref/π);  mse: ½ Σ_y (π - π_ref)²;
-    local_{rkl,fkl,mse}: Σ_s sg(P(s)) D(π(·|s), π_ref(·|s));  expected_length: Σ_y π(y)|y|;  zero: 0.
+    js: ½ Σ_y [π log(2π/(π + π_ref)) + π_ref log(2π_ref/(π + π_ref))] (Jensen–Shannon);
+    local_{rkl,fkl,mse,js}: Σ_s sg(P(s)) D(π(·|s), π_ref(·|s));  expected_length: Σ_y π(y)|y|;  zero: 0.
     """
-    if target in ("rkl", "fkl", "mse", "expected_length"):
+    if target in ("rkl", "fkl", "mse", "js", "expected_length"):
         lp = sequence_logps(space, logits)  # (N,)
         lr = sequence_logps(space, ref_logits).detach()  # (N,)
         p, pr = lp.exp(), lr.exp()
@@ -137,6 +139,8 @@ def exact_objective(space: TabularSpace, target: str, logits: Tensor, ref_logits
             return (pr * (lr - lp)).sum()
         if target == "mse":
             return 0.5 * ((p - pr) ** 2).sum()
+        if target == "js":
+            return _js(p, lp, pr, lr).sum()
         return (p * space.lengths.to(p.dtype)).sum()
     if target.startswith("local_"):
         reach = state_log_reach(space, logits).detach().exp()  # (S,)
@@ -149,12 +153,20 @@ def exact_objective(space: TabularSpace, target: str, logits: Tensor, ref_logits
             per_state = (pr * (lr - lp)).sum(-1)
         elif target == "local_mse":
             per_state = 0.5 * ((p - pr) ** 2).sum(-1)
+        elif target == "local_js":
+            per_state = _js(p, lp, pr, lr).sum(-1)
         else:
             raise ValueError(f"unknown target {target!r}")
         return (reach * per_state).sum()
     if target == "zero":
         return logits.sum() * 0.0
     raise ValueError(f"unknown target {target!r}")
+
+
+def _js(p: Tensor, lp: Tensor, pr: Tensor, lr: Tensor) -> Tensor:
+    """Elementwise ½[p log(2p/(p + pr)) + pr log(2pr/(p + pr))] from probabilities and their logs."""
+    lm = torch.logaddexp(lp, lr) - math.log(2.0)  # log of the mixture (p + pr)/2
+    return 0.5 * (p * (lp - lm) + pr * (lr - lm))
 
 
 def exact_gradient(space: TabularSpace, target: str, logits: Tensor, ref_logits: Tensor) -> Tensor:

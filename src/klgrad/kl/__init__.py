@@ -21,8 +21,9 @@ Expected-gradient targets used below (all gradients of divergences are w.r.t. θ
   - ``rkl``: ∇ KL(π‖π_ref) over whole sequences, the quantity every RLHF KL term means to regularise.
   - ``fkl``: ∇ KL(π_ref‖π) over whole sequences (forward KL).
   - ``mse``: ∇ ½ Σ_y (π(y) - π_ref(y))².
-  - ``local_rkl`` / ``local_fkl`` / ``local_mse``: Σ_t E_{y<t ~ π̄}[∇ D(π(·|y<t), π_ref(·|y<t))], the per-step
-    divergence gradient with the prefix distribution held fixed (the effect of today's token on the
+  - ``js``: ∇ JS(π‖π_ref) = ∇ ½[KL(π‖m) + KL(π_ref‖m)], m = (π + π_ref)/2 (Jensen–Shannon).
+  - ``local_rkl`` / ``local_fkl`` / ``local_mse`` / ``local_js``: Σ_t E_{y<t ~ π̄}[∇ D(π(·|y<t), π_ref(·|y<t))],
+    the per-step divergence gradient with the prefix distribution held fixed (the effect of today's token on the
     distribution of future prefixes is dropped). This is what token-level heads optimise.
   - ``expected_length``: ∇ E_π[|y|] (k1-as-loss at token_to_go: c ≡ 1 summed over the remaining tokens).
   - ``zero``: no gradient in expectation.

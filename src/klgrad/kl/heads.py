@@ -8,6 +8,7 @@ targets and levels are explained in :mod:`klgrad.kl`.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,9 @@ from torch import Tensor
 from klgrad.kl.numerics import EXP_CAP, at_least_f32, exp_linear_tail, expm1_linear_tail
 
 HeadStyle = Literal["in_reward", "as_loss", "none"]
-Target = Literal["rkl", "fkl", "mse", "local_rkl", "local_fkl", "local_mse", "expected_length", "zero"]
+Target = Literal[
+    "rkl", "fkl", "mse", "js", "local_rkl", "local_fkl", "local_mse", "local_js", "expected_length", "zero"
+]
 """The expected on-policy gradient a head produces at a level (the meanings are in :mod:`klgrad.kl`)."""
 
 CoefficientFn = Callable[[Tensor, Tensor], Tensor]
@@ -85,6 +88,55 @@ def k3_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return expm1_linear_tail(ref_logp - logp) + (logp - ref_logp)
 
 
+def fkl_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    r"""c = -δ = -e^{r - l̄} = -π_ref/π: the forward-KL score weight, ∂ψ/∂l of :func:`fkl_penalty`.
+
+    On-policy E_π[-(π_ref/π) ∇ log π] = -Σ_y π_ref ∇ log π = ∇ KL(π_ref‖π). k3's coefficient 1 - δ is this plus
+    the constant 1, whose expected score is zero: the same expected gradient, with a control variate. Exact for
+    u ≥ -20; below, the exponent is capped (saturated, finite, sign kept), as in :func:`k3_coefficient`.
+    """
+    return -torch.exp((ref_logp - logp).clamp(max=EXP_CAP))
+
+
+def fkl_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """ψ = e^{r - l} - 1 = π_ref/π - 1 (zero mean under π); c = -e^{r - l̄} (:func:`fkl_coefficient`).
+
+    The importance-weighted form of the forward KL's gradient (RPG's normalised forward KL); its value is not
+    a KL estimate (log the k-estimators for that). e^{r - l} - 1 is :func:`expm1_linear_tail`.
+    """
+    return expm1_linear_tail(ref_logp - logp)
+
+
+def _softplus(x: Tensor) -> Tensor:
+    """log(1 + e^x) = max(x, 0) + log1p(e^{-|x|}): no overflow, no cancellation, and elementwise arithmetic only
+    (torch's fused softplus kernel rounds differently in its vectorised and scalar loops, so the same row would
+    get another value in another batch shape)."""
+    return x.clamp(min=0) + torch.log1p(torch.exp(-x.abs()))
+
+
+def js_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    r"""ψ = f_JS(δ) with δ = e^{r - l}, f_JS(t) = ½[t log t - (1 + t) log((1 + t)/2)]: E_π[ψ] = JS(π‖π_ref).
+
+    Written in u = l - r without cancellation: ψ = ½[-u δ - (1 + δ)(softplus(-u) - log 2)]. Exact for
+    u ≥ -20 (= -``EXP_CAP``); below, ψ continues linearly with its slope at -20 (value and gradient finite, sign
+    kept), as every klgrad head does. Its autograd coefficient is -δ f_JS'(δ) = -½ δ log(2δ/(1 + δ)): the
+    pathwise part of ∇JS only (the score-function term f_JS(δ)∇l is missing, as k3's is for the KL).
+    """
+    u = logp - ref_logp
+    inside = u.clamp(min=-EXP_CAP)  # equal to u where the formula is exact
+    delta = torch.exp(-inside)
+    value = 0.5 * (-inside * delta - (1.0 + delta) * (_softplus(-inside) - math.log(2.0)))
+    slope = -0.5 * delta * (math.log(2.0) - inside - _softplus(-inside))  # dψ/du at `inside`
+    return value + slope.detach() * (u - inside)
+
+
+def js_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    r"""c = f_JS(δ) - δ f_JS'(δ) = ½ log(2/(1 + δ)) = ½(log 2 - softplus(-u)): the exact Jensen–Shannon score
+    weight, on-policy E_π[c ∇ log π] = ∇ JS(π‖π_ref) at sequence level. Bounded: c ∈ (-∞, ½ log 2), and
+    ≈ u/4 near π_ref (JS ≈ KL/4 there)."""
+    return 0.5 * (math.log(2.0) - _softplus(ref_logp - logp))
+
+
 def autograd_coefficient(penalty_fn: PenaltyFn, logp: Tensor, ref_logp: Tensor) -> Tensor:
     """c = ∂ψ/∂l at l = l̄ by autograd (paper eq. kn′), detached; 0 where ψ does not depend on l."""
     with torch.enable_grad():
@@ -146,7 +198,18 @@ class KLHead:
         return f"KLHead(name={self.name!r}, style={self.style!r})"
 
 
-HeadName = Literal["none", "k1_in_reward", "k2_as_loss", "k3_as_loss", "k3_in_reward", "k1_as_loss", "mse_in_reward"]
+HeadName = Literal[
+    "none",
+    "k1_in_reward",
+    "k2_as_loss",
+    "k3_as_loss",
+    "k3_in_reward",
+    "k1_as_loss",
+    "mse_in_reward",
+    "fkl_as_loss",
+    "js_in_reward",
+    "js_as_loss",
+]
 """The built-in heads' names, in registry (and docs table) order."""
 
 _BUILT_IN_HEADS: tuple[KLHead, ...] = (
@@ -251,6 +314,56 @@ _BUILT_IN_HEADS: tuple[KLHead, ...] = (
         On-policy E_π[(π - π_ref) ∇ log π] = Σ_y (π - π_ref) ∇π = ∇ ½ Σ_y (π - π_ref)²: an MSE distance, not a
         KL. Expected gradient (on-policy): sequence: ∇ ½ Σ_y (π(y) - π_ref(y))² (``mse``); token: local_mse;
         token_to_go: no named divergence (reported against the reverse KL by the audit).
+        """,
+    ),
+    KLHead(
+        name="fkl_as_loss",
+        style="as_loss",
+        coefficient_fn=fkl_coefficient,
+        penalty_fn=fkl_penalty,
+        targets={"sequence": "fkl", "token_to_go": None, "token": "local_fkl"},
+        penalty_formula="exp(r - l) - 1",
+        coefficient_formula="-exp(-u)",
+        verdict="the forward KL(ref‖π) by name (RPG's normalised forward KL); same expected gradient as k3_as_loss "
+        "at sequence and token level, not at token_to_go",
+        doc="""Forward KL as loss: ψ = e^{r-l} - 1 = π_ref/π - 1, so c = -δ = -π_ref/π (:func:`fkl_coefficient`).
+        Expected gradient (on-policy):
+          - sequence: -Σ_y π_ref ∇ log π = ∇ KL(π_ref‖π), the forward KL, as k3_as_loss: the two differ by c ≡ 1,
+            whose expected score is zero (k3 = this head plus a control variate, lower variance near π_ref).
+          - token: local_fkl, as k3_as_loss (same argument per step).
+          - token_to_go: not a named divergence: Σ_{t'≥t} (-δ_t') has conditional mean -(tokens left), so unlike
+            k3 (conditional mean 0) the summed return adds a length pressure; reported by the audit.
+        Off-policy it is RPG's importance-weighted forward-KL gradient (with klgrad's IS and clip).
+        """,
+    ),
+    KLHead(
+        name="js_in_reward",
+        style="in_reward",
+        coefficient_fn=js_coefficient,
+        targets={"sequence": "js", "token_to_go": None, "token": "local_js"},
+        coefficient_formula="½ log(2 / (1 + exp(-u)))",
+        verdict="exact Jensen–Shannon gradient (sequence level)",
+        doc="""Jensen–Shannon in reward: c = f_JS(δ) - δ f_JS'(δ) = ½ log(2/(1 + δ)) (:func:`js_coefficient`), the
+        full score-function weight of JS(π‖π_ref) = E_π[f_JS(π_ref/π)]. Expected gradient (on-policy):
+        sequence: ∇ JS(π‖π_ref) exactly; token: local_js (per-step JS, prefix distribution held fixed);
+        token_to_go: no named divergence (c is not additive over tokens). Bounded above by ½ log 2 where π ≫
+        π_ref: a bounded pull, unlike the KL's.
+        """,
+    ),
+    KLHead(
+        name="js_as_loss",
+        style="as_loss",
+        coefficient_fn=partial(autograd_coefficient, js_penalty),
+        penalty_fn=js_penalty,
+        targets={"sequence": None, "token_to_go": None, "token": None},
+        penalty_formula="f_JS(exp(r - l)), f_JS(t) = ½[t log t - (1+t) log((1+t)/2)]",
+        coefficient_formula="-½ exp(-u) log(2 exp(-u) / (1 + exp(-u)))  (autograd)",
+        verdict="unbiased JS value, but only the pathwise part of its gradient: not ∇JS (as k3 is not ∇KL)",
+        doc="""Jensen–Shannon as loss: ψ = f_JS(δ) (:func:`js_penalty`), whose mean under π is JS(π‖π_ref); the
+        coefficient is by autograd, c = ∂ψ/∂l = -δ f_JS'(δ). Differentiating the value estimate drops the
+        score-function term f_JS(δ)∇l (the coefficient of js_in_reward is f_JS(δ) - δ f_JS'(δ)), so its expected
+        gradient is -E_{π_ref}[f_JS'(δ)∇ log π], no named divergence at any level: the JS analogue of k3-as-loss
+        missing the reverse KL. The audit reports it against ∇JS.
         """,
     ),
 )
