@@ -477,3 +477,34 @@ def test_train_logs_klgrad_metrics(
             assert math.isfinite(rec[key]), (key, rec)
         assert "kl" not in rec  # TRL's own KL term is off: the KL is counted once, as klgrad's
     assert steps[-1]["kl/k3"] > 0  # the policy moved away from the reference
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_audit_presets_are_trls_own_kl(setup: dict, dataset: Dataset, bias_correction: bool) -> None:
+    """The TRL presets of ``klgrad audit --framework trl`` against TRL itself on the same tensors: with zero
+    advantages TRL's loss is β·(its per-token KL, token-mean over the batch, loss_type "bnpo"), so the preset's
+    per-token term aggregated the same way must give TRL's loss and its gradient w.r.t. the log-probs, on- and
+    off-policy. Tolerances: ``check``'s (the same arithmetic, other operation order)."""
+    from klgrad.audit.frameworks import select
+
+    preset = select("trl")[1 if bias_correction else 0]
+    model, tok, out, inputs = setup["model"], setup["tokenizer"], setup["out"], setup["inputs"]
+    trl = make_trainer(GRPOTrainer, model, tok, dataset, out, use_bias_correction_kl=bias_correction)
+    trl.loss_type = "bnpo"
+    set_mode([trl], model, False)
+    loss_diff, grad_diff = 0.0, 0.0
+    for batch in ({**inputs}, {**inputs, "old_per_token_logps": setup["old"]}):
+        batch["advantages"] = torch.zeros_like(batch["advantages"])
+        trl_loss, trl_grads = loss_and_grad(trl, model, batch)
+        logp = policy_logps(trl, model, batch).detach().requires_grad_(True)
+        mask = batch["completion_mask"].to(logp.dtype)
+        old = batch.get("old_per_token_logps", logp.detach())
+        term = preset.token_kl(logp, batch["ref_per_token_logps"], old)  # (B, T)
+        ours = BETA * (term * mask).sum() / mask.sum()
+        (g_logp,) = torch.autograd.grad(ours, logp)
+        loss_diff = max(loss_diff, abs(float(ours) - trl_loss))
+        trl_g = trl_grads.logp[:, -logp.shape[1] :]  # the forward's log-probs cover prompt and completion
+        grad_diff = max(grad_diff, max_abs(g_logp * mask, trl_g * mask))
+    print(f"\naudit preset {preset.variant!r} vs TRL: max |Δloss| {loss_diff:.1e}, max |Δ∂loss/∂logp| {grad_diff:.1e}")
+    assert loss_diff <= 2 * sum_tol(58, TERM)
+    assert grad_diff <= 2 * gamma(10) * TERM

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from klgrad import __version__
+from klgrad.audit.frameworks import FRAMEWORKS
 from klgrad.completion import SHELLS, completion_script
 from klgrad.experiments.reproduce import TARGETS
 
@@ -55,7 +56,29 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         metavar="MODULE:FN",
         help="also audit your own penalty psi(logp, ref_logp) (imported by name, never eval'd)",
     )
+    a.add_argument(
+        "--framework",
+        default=None,
+        metavar="NAME|all",
+        help="only the frameworks' KL: " + ", ".join(FRAMEWORKS) + " or all (table + frameworks.json)",
+    )
     a.set_defaults(func=cmd_audit)
+
+
+def _audit_frameworks(name: str, cfg, out: Path, console) -> int:
+    """``klgrad audit --framework NAME|all``: the frameworks' table and ``frameworks.json`` alone."""
+    from klgrad.audit.frameworks import framework_rows, print_framework_table, select, write_frameworks
+    from klgrad.audit.run import make_problem
+
+    try:
+        presets = select(name)
+    except ValueError as e:
+        print(f"klgrad audit: {e}", file=sys.stderr)
+        return 2
+    rows = framework_rows(make_problem(cfg), presets)
+    print_framework_table(rows, console)
+    console.print(f"\nwrote {write_frameworks(rows, out)}")
+    return 0
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
@@ -79,6 +102,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     console = _console()
     out = Path(args.out)
     t0 = time.perf_counter()
+    if args.framework is not None:
+        return _audit_frameworks(args.framework, cfg, out, console)
     with console.status(f"enumerating every response of a V={cfg.vocab}, T={cfg.length} policy ..."):
         try:
             result = run_audit(cfg, penalty=args.penalty)

@@ -12,6 +12,9 @@ gradient of the library's own loss under the sampling distribution, and reports
 Regimes: ``on_policy``; off-policy samples from the behaviour policy with ``is_seq`` (sequence IS, the
 unbiased correction), ``is_tok`` (per-token IS, PPO-style), ``is_seq_clip`` (sequence IS + symmetric clip),
 ``no_is`` (the common bug: the on-policy loss applied to off-policy samples).
+
+The same problem also audits every framework's KL as that framework computes it (:mod:`klgrad.audit.frameworks`,
+``frameworks.json``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from klgrad.audit.frameworks import framework_rows, print_framework_table, write_frameworks
 from klgrad.audit.tabular import (
     TabularSpace,
     build_space,
@@ -46,6 +50,9 @@ AUDIT_HEADS: tuple[str, ...] = (
     "k3_in_reward",
     "k1_as_loss",
     "mse_in_reward",
+    "fkl_as_loss",
+    "js_in_reward",
+    "js_as_loss",
 )
 
 
@@ -264,6 +271,7 @@ def run_audit(cfg: AuditConfig, penalty: str | None = None) -> dict:
         rows=audit_rows(problem, heads, cfg.clip_eps),
         forms=form_rows(problem, cfg.beta),
         sweep=dict(distances=list(cfg.sweep), err_rkl=distance_sweep(cfg, heads)),
+        frameworks=framework_rows(problem),
     )
 
 
@@ -339,6 +347,8 @@ def print_tables(result: dict, console=None) -> None:
             _fmt(r["combined_vs_decoupled"]),
         )
     console.print(t3)
+    if "frameworks" in result:
+        print_framework_table(result["frameworks"], console)
 
 
 def plot_audit(result: dict, path: Path) -> None:
@@ -421,6 +431,8 @@ def write_audit(result: dict, out_dir: Path) -> dict[str, Path]:
     tmp.write_text(json.dumps(clean, indent=2, allow_nan=False, default=lambda x: None))
     tmp.replace(paths["json"])
     plot_audit(result, paths["png"])
+    if "frameworks" in result:
+        paths["frameworks"] = write_frameworks(result["frameworks"], out_dir)
     return paths
 
 
