@@ -16,7 +16,8 @@ import textwrap
 
 import pytest
 
-from klgrad.audit.run import AuditConfig, headline, load_penalty, run_audit
+from klgrad.audit.frameworks import ALL_PRESETS
+from klgrad.audit.run import AUDIT_HEADS, AuditConfig, headline, load_penalty, run_audit
 from klgrad.cli import main
 
 pytestmark = [pytest.mark.filterwarnings("ignore:k1_as_loss has zero expected gradient"), pytest.mark.numerics]
@@ -43,10 +44,12 @@ def test_audit_numbers_show_the_papers_claims(small_result):
         assert r["err_combined"] < 1e-12, r
         assert r["err_decoupled"] < 1e-12, r
     rows = small_result["rows"]
-    assert len(rows) == 6 * 3 * 5
+    assert len(rows) == len(AUDIT_HEADS) * 3 * 5 == 9 * 3 * 5
     for r in rows:  # every documented on-policy target is hit
         if r["regime"] == "on_policy" and r["target"] is not None:
             assert r["err_target"] < 1e-10, r
+    # the frameworks' section rides along: every preset, both regimes
+    assert len(small_result["frameworks"]) == 2 * len(ALL_PRESETS)
 
 
 def test_sweep_shows_k3_bias_growing_with_distance(small_result):

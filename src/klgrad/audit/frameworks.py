@@ -17,6 +17,7 @@ reference, u = l − r, δ = e^{−u}, ρ_t = e^{l_t − o_t}; docs/math.md, “
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,15 @@ def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
     return gradient - gradient.detach() + value.detach()
 
 
+def nemo_kl(l: Tensor, r: Tensor, weight: Tensor) -> Tensor:
+    """NeMo-RL's ``calculate_kl`` (k3): log-ratio x = r − l clamped to [−20, 20], the weight detached where that
+    clamp acts, weight·(e^x − 1 − x), then clamped to [−10, 10]."""
+    x = r - l
+    clamped = x.clamp(-20.0, 20.0)
+    weight = torch.where(x == clamped, weight, weight.detach())
+    return (weight * (torch.exp(clamped) - 1 - clamped)).clamp(-10.0, 10.0)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # presets
 
@@ -82,6 +92,9 @@ class FrameworkKL:
     token_kl: TokenKL
     source: str
     """The framework's file and version this preset is written from."""
+    reference_is_behaviour: bool = False
+    """True for RPG's own setting (``use_iterative_ref_model``): the reference is the behaviour policy π_old, so
+    the audit's reference is replaced by its behaviour policy (targets ∇KL(π‖π_old), ∇KL(π_old‖π))."""
     returns: str = "sequence"
     """Reward presets: ``sequence`` (the response's summed KL on every token: GRPO-style outcome advantage) or
     ``to_go`` (Σ_{t'≥t}: PPO/GAE with γ = λ = 1, REINFORCE++)."""
@@ -199,29 +212,84 @@ PRESETS: tuple[FrameworkKL, ...] = (
     ),
     FrameworkKL(
         "slime",
-        "low_var_kl, use-unbiased-kl",
+        "kl_loss_type=low_var_kl, use-unbiased-kl",
         "loss",
-        lambda l, r, o: low_var_kl(l, r) * _ratio(l, o),
-        "slime/backends/megatron_utils/loss.py: kl * exp(log_probs − old_log_probs) (unclipped)",
+        lambda l, r, o: (_ratio(l, o) * k3_value(l, r)).clamp(-10.0, 10.0),
+        "THUDM/slime@624b824 (2026-08-21) slime/utils/ppo_utils.py compute_approx_kl + megatron_utils/loss.py: "
+        "kl = exp(logp − old)·k3 (ratio not detached, not clipped), then clamp ±10 (low_var_kl only)",
     ),
     FrameworkKL(
         "nemo-rl",
-        "k3 with exp(x − sg(x)) (2026)",
+        "k3, weight exp(x − sg(x)) (default since 2026-06)",
         "loss",
-        lambda l, r, o: k3_value(l, r).clamp(-10.0, 10.0) * torch.exp(l - l.detach()),
-        "nemo_rl/algorithms/loss_functions.py: calculate_kl_penalty_joschu2020 × exp(logp − logp.detach())",
+        lambda l, r, o: nemo_kl(l, r, torch.exp(l - l.detach())),
+        "NVIDIA-NeMo/RL@7ea279a (2026-08-22) nemo_rl/algorithms/utils.py calculate_kl + loss_functions.py "
+        "ClippedPGLossFn (PR #2506, #2958)",
+    ),
+    FrameworkKL(
+        "nemo-rl",
+        "k3, use_on_policy_kl_approximation",
+        "loss",
+        lambda l, r, o: nemo_kl(l, r, _ratio(l, o)),
+        "NVIDIA-NeMo/RL@7ea279a: weight exp(logp − generation_logprobs), differentiable, unclipped",
     ),
     FrameworkKL(
         "deepseek-v3.2",
         "unbiased KL: k3 × π/π_old",
         "loss",
         lambda l, r, o: k3_value(l, r) * _ratio(l, o),
-        "DeepSeek-V3.2 report (2025), section on the unbiased KL estimate: D = (π/π_old)(π_ref/π − log(π_ref/π) − 1)",
+        "DeepSeek-V3.2 report (arXiv 2512.02556, eq. 7, as quoted in TRL #4637 and slime #1004): "
+        "(π/π_old)(π_ref/π − log(π_ref/π) − 1), the ratio differentiable as in every public implementation",
     ),
 )
 """Every framework preset of ``klgrad audit --framework`` but RPG's (:data:`RPG_PRESETS`)."""
 
-RPG_PRESETS: tuple[FrameworkKL, ...] = ()
+_RPG_SOURCE = (
+    "complex-reasoning/RPG@ec8e30b (2026-06-14) verl/trainer/ppo/core_algos.py kl_penalty('{}'), with a separate "
+    "reference (use_iterative_ref_model=False; RPG's scripts set it True, regularising towards π_old instead)"
+)
+RPG_PRESETS: tuple[FrameworkKL, ...] = (
+    FrameworkKL("rpg", "rpg_fkl: −log w", "loss", lambda l, r, o: -(l - r), _RPG_SOURCE.format("rpg_fkl")),
+    FrameworkKL(
+        "rpg",
+        "rpg_rkl: w log w",
+        "loss",
+        lambda l, r, o: (torch.exp(l - r) * (l - r)).clamp(-10.0, 10.0),
+        _RPG_SOURCE.format("rpg_rkl"),
+    ),
+    FrameworkKL(
+        "rpg",
+        "rpg_ufkl: w − log w − 1",
+        "loss",
+        lambda l, r, o: (torch.exp(l - r) - (l - r) - 1).clamp(-10.0, 10.0),
+        _RPG_SOURCE.format("rpg_ufkl"),
+    ),
+    FrameworkKL(
+        "rpg",
+        "rpg_urkl: w(log w − 1) + 1",
+        "loss",
+        lambda l, r, o: (torch.exp(l - r) * (l - r - 1) + 1).clamp(-10.0, 10.0),
+        _RPG_SOURCE.format("rpg_urkl"),
+    ),
+)
+"""RPG's KL terms as its code computes them, w = π/π_ref (``kl_penalty`` with ``ref_logprob`` = the reference).
+The paper's own estimators weight samples of π_old by w = π/π_old to reach KL(π_old‖π), KL(π‖π_old) and their
+unnormalised forms; with π_ref in place of π_old, each is a klgrad head with IS: normalised forward KL =
+``fkl_as_loss``, unnormalised forward KL = ``k3_as_loss`` (its coefficient 1 − δ), both reverse forms =
+``k1_in_reward`` / ``k2_as_loss`` (docs/frameworks.md)."""
+RPG_PRESETS += tuple(
+    dataclasses.replace(
+        p,
+        variant=p.variant + ", reference = π_old",
+        reference_is_behaviour=True,
+        source=p.source.replace(
+            "with a separate reference (use_iterative_ref_model=False",
+            "as RPG's scripts run it (use_iterative_ref_model=True",
+        ).replace("; RPG's scripts set it True, regularising towards π_old instead)", ")"),
+    )
+    for p in RPG_PRESETS
+)
+
 
 ALL_PRESETS: tuple[FrameworkKL, ...] = PRESETS + RPG_PRESETS
 FRAMEWORKS: tuple[str, ...] = tuple(dict.fromkeys(p.framework for p in ALL_PRESETS))
@@ -269,17 +337,25 @@ def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float
 
 def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> list[dict]:
     """One row per (preset, regime): err_rkl, err_fkl (relative errors of its exact expected gradient) and the
-    klgrad head and level it equals or is nearest to."""
-    sp = problem.space
-    ref_lp = token_logps(sp, problem.ref)
-    g_rkl = exact_gradient(sp, "rkl", problem.theta, problem.ref)
-    g_fkl = exact_gradient(sp, "fkl", problem.theta, problem.ref)
-    scale = float(g_rkl.norm())
-    table = klgrad_gradients(problem, "on_policy")
+    klgrad head and level it equals or is nearest to. Presets whose reference is the behaviour policy (RPG's
+    setting) are audited on the problem with π_ref := π_old."""
+    contexts: dict[bool, tuple] = {}
+
+    def context(reference_is_behaviour: bool) -> tuple:
+        if reference_is_behaviour not in contexts:
+            prob = dataclasses.replace(problem, ref=problem.behaviour) if reference_is_behaviour else problem
+            g_rkl = exact_gradient(prob.space, "rkl", prob.theta, prob.ref)
+            g_fkl = exact_gradient(prob.space, "fkl", prob.theta, prob.ref)
+            table = klgrad_gradients(prob, "on_policy")
+            contexts[reference_is_behaviour] = (prob, token_logps(prob.space, prob.ref), g_rkl, g_fkl, table)
+        return contexts[reference_is_behaviour]
+
     rows = []
     for preset in ALL_PRESETS if presets is None else presets:
-        for regime, sampler in (("on_policy", problem.theta), ("off_policy", problem.behaviour)):
-            g, _ = expected_gradient(sp, preset.loss(ref_lp, sp.mask), problem.theta, sampler)
+        prob, ref_lp, g_rkl, g_fkl, table = context(preset.reference_is_behaviour)
+        scale = float(g_rkl.norm())
+        for regime, sampler in (("on_policy", prob.theta), ("off_policy", prob.behaviour)):
+            g, _ = expected_gradient(prob.space, preset.loss(ref_lp, prob.space.mask), prob.theta, sampler)
             rows.append(
                 dict(
                     framework=preset.framework,
@@ -290,6 +366,7 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
                     equals=nearest_head(g, table, scale),
                     zero_gradient=frozen_range(preset, "gradient"),
                     clamped=frozen_range(preset, "value"),
+                    reference="behaviour (π_old)" if preset.reference_is_behaviour else "π_ref",
                     source=preset.source,
                 )
             )
