@@ -21,6 +21,13 @@ def test_docs_math_is_up_to_date():
     assert committed == docs.math_markdown(), "docs/math.md is stale: run `python -m klgrad.docs`"
 
 
+def test_docs_frameworks_carries_the_numbers_of_a_fresh_audit_run():
+    from klgrad.audit.frameworks_doc import frameworks_markdown
+
+    committed = (ROOT / "docs" / "frameworks.md").read_text(encoding="utf-8")
+    assert committed == frameworks_markdown(), "docs/frameworks.md is stale: run `python -m klgrad.docs`"
+
+
 def test_head_table_has_one_complete_row_per_registered_head():
     rows = docs.head_table().splitlines()[2:]
     assert [re.match(r"\| `([^`]+)`", r).group(1) for r in rows] == list(KL_HEADS)
@@ -55,12 +62,12 @@ def test_a_choice_without_a_description_fails_loudly():
 def test_write_all_writes_both_generated_files(tmp_path):
     (tmp_path / "docs").mkdir()
     paths = docs.write_all(tmp_path)
-    assert [p.name for p in paths] == ["math.md", "configuration.md"]
+    assert [p.name for p in paths] == ["math.md", "configuration.md", "frameworks.md"]
     assert paths[0].read_text(encoding="utf-8") == docs.math_markdown()
     assert paths[1].read_text(encoding="utf-8") == (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("name", ["index.md", "quickstart.md", "math.md", "vllm.md"])
+@pytest.mark.parametrize("name", ["index.md", "quickstart.md", "math.md", "vllm.md", "frameworks.md"])
 def test_relative_links_resolve(name):
     page = ROOT / "docs" / name
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8"))

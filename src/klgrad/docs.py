@@ -371,14 +371,16 @@ def math_markdown() -> str:
 
 
 def write_all(root: str | Path = ".") -> list[Path]:
-    """Regenerate docs/math.md and docs/configuration.md under ``root``; returns the paths written."""
+    """Regenerate docs/math.md, docs/configuration.md and docs/frameworks.md under ``root``; returns the paths."""
+    from klgrad.audit.frameworks_doc import frameworks_markdown
     from klgrad.config import write_reference
 
     docs = Path(root) / "docs"
-    math_path, config_path = docs / "math.md", docs / "configuration.md"
+    math_path, config_path, frameworks_path = docs / "math.md", docs / "configuration.md", docs / "frameworks.md"
     math_path.write_text(math_markdown(), encoding="utf-8")
     write_reference(config_path)
-    return [math_path, config_path]
+    frameworks_path.write_text(frameworks_markdown(), encoding="utf-8")
+    return [math_path, config_path, frameworks_path]
 
 
 if __name__ == "__main__":

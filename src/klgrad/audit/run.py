@@ -363,6 +363,9 @@ def plot_audit(result: dict, path: Path) -> None:
         "k3_in_reward": ("salmon", "--", 1.5),
         "k1_as_loss": ("gray", ":", 2.0),
         "mse_in_reward": ("royalblue", "-.", 2.0),
+        "fkl_as_loss": ("darkorange", ":", 2.5),  # same expected gradient as k3_as_loss: dotted over its line
+        "js_in_reward": ("teal", "-", 2.0),
+        "js_as_loss": ("mediumpurple", "--", 2.0),
     }
     floor = 1e-17
     for name, errs in sweep["err_rkl"].items():
