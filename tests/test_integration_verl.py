@@ -135,3 +135,15 @@ def test_errors_are_clear(checks):
 def test_verl_plain_policy_loss_config_takes_klgrad_defaults(checks):
     plain = checks["loss"]["plain_policy_loss_config"]
     assert plain == {"type": "PolicyLossConfig", "kl_head": "k2_as_loss", "beta": 0.0, "kl_clip_eps": 0.2}
+
+
+def test_audit_presets_are_verls_own_kl(checks):
+    """Every verl preset of ``klgrad audit --framework verl`` equals verl 0.9.1's ``kl_penalty`` on the same
+    tensors: values and gradients w.r.t. the log-prob, every log-ratio including clamped ones (float64, the same
+    operations: EXACT)."""
+    rows = checks["audit_presets"]
+    assert len(rows) == 7
+    for variant, row in rows.items():
+        assert row["value_max_abs_diff"] <= EXACT, variant
+        if row["style"] == "loss":
+            assert row["grad_max_abs_diff"] <= EXACT, variant

@@ -313,6 +313,39 @@ def vs_verl(d: dict) -> dict:
     return out
 
 
+VERL_OPTIONS = {  # klgrad.audit.frameworks' verl preset -> verl's kl_penalty option it reproduces
+    "kl_loss_type=k1 (kl)": "kl",
+    "kl_loss_type=abs": "abs",
+    "kl_loss_type=mse (k2)": "mse",
+    "kl_loss_type=low_var_kl (k3)": "low_var_kl",
+    "kl_loss_type=low_var_kl+ (k3 value, k2 gradient)": "low_var_kl+",
+    "use_kl_in_reward (k1, GRPO outcome advantage)": "kl",
+    "use_kl_in_reward (k1, GAE γ = λ = 1)": "kl",
+}
+
+
+def audit_presets() -> dict:
+    """``klgrad audit --framework verl``'s presets against verl's own ``kl_penalty`` on the same float64 tensors,
+    every log-ratio including the extreme ones: loss presets in value and ∂/∂log_prob; reward presets in the
+    penalty value (verl's apply_kl_penalty computes it from the behaviour log-probs, without gradient)."""
+    from klgrad.audit.frameworks import select
+
+    _, (l, r) = _log_ratios()
+    out = {}
+    for preset in select("verl"):
+        option = VERL_OPTIONS[preset.variant]
+        v_verl, g_verl = _grad(partial(core_algos.kl_penalty, kl_penalty=option), l, r)
+        v_kg, g_kg = _grad(lambda l_, r_, p=preset: p.token_kl(l_, r_, l_.detach()), l, r)
+        out[preset.variant] = {
+            "option": option,
+            "style": preset.style,
+            "value_max_abs_diff": float((v_verl - v_kg).abs().max()),
+            "grad_max_abs_diff": float((g_verl - g_kg).abs().max()) if preset.style == "loss" else None,
+            "n": int(l.numel()),
+        }
+    return out
+
+
 def main() -> None:
     result = {
         "versions": {"verl": verl.__version__, "torch": torch.__version__, "klgrad": klgrad.__version__},
@@ -323,6 +356,7 @@ def main() -> None:
         },
         "parity": parity(),
         "loss": loss_checks(),
+        "audit_presets": audit_presets(),
     }
     print(json.dumps(result, indent=1))
 
