@@ -16,6 +16,8 @@ import torch
 from klgrad.audit.frameworks import ALL_PRESETS, FRAMEWORKS, framework_rows, frozen_range, select
 from klgrad.audit.run import AuditConfig, make_problem
 
+pytestmark = pytest.mark.numerics
+
 F64 = torch.float64
 U = torch.linspace(-15.0, 15.0, 301, dtype=F64)  # log-ratios u = l − r
 R = torch.full_like(U, -1.3)
