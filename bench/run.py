@@ -17,12 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/ru
 
 import torch
 
-from bench import e2e, memory, objective, rollout, scaling, update
+from bench import e2e, long_decode, memory, objective, rollout, scaling, update
 from bench.common import machine, print_table, write_json
 
 BENCHES = {
     "e2e": e2e,
     "rollout": rollout,
+    "long_decode": long_decode,
     "update": update,
     "objective": objective,
     "memory": memory,
@@ -51,6 +52,12 @@ def main(names: list[str]) -> None:
         res2 = out["rollout"]["scratchpad (≤32 new)"]
         x2 = res2["klgrad (fast decode)"]["tok_per_s"] / res2["transformers generate"]["tok_per_s"]
         rows.append(["rollout tok/s vs generate, batch 256", "≥ 3×", f"{x:.2f}× (addition), {x2:.2f}× (scratchpad)"])
+    if "long_decode" in out:
+        ratios = []
+        for workload, res in out["long_decode"]["results"].items():
+            ratio = res["klgrad (fast decode)"]["tok_per_s"] / res["transformers generate"]["tok_per_s"]
+            ratios.append(f"{ratio:.2f}× ({workload.split('(')[1].split(',')[0]})")
+        rows.append(["rollout tok/s vs generate, long decodes, EOS suppressed", "≥ 3×", ", ".join(ratios)])
     if "update" in out:
         fr = [r["fraction_of_peak"] for r in out["update"]["results"]]
         rows.append(
