@@ -441,3 +441,20 @@ def _report_case_counts():
     """The fuzz case counts docs/reliability.md reports (``KLGRAD_RELIABILITY_COUNTS``; tests/case_counts.py)."""
     yield
     report_counts()
+
+
+def test_shipped_configs_load_from_any_working_directory(tmp_path, monkeypatch):
+    """``klgrad compare``'s default ``configs/tiny_add.yaml`` is relative: outside the repository it is found in
+    the klgrad checkout; a path that exists nowhere still fails naming it."""
+    from klgrad.config import CHECKOUT_ROOT, ConfigError
+
+    here = load_config("configs/tiny_scratchpad.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert load_config("configs/tiny_scratchpad.yaml") == here
+    assert here.rollout.max_new_tokens == 32  # the scratchpad config, not the defaults
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny_scratchpad.yaml").write_text("rollout:\n  max_new_tokens: 5\n")
+    assert load_config("configs/tiny_scratchpad.yaml").rollout.max_new_tokens == 5  # the working directory wins
+    with pytest.raises(ConfigError, match=r"configs/nope\.yaml"):
+        load_config("configs/nope.yaml")
+    assert (CHECKOUT_ROOT / "configs" / "tiny_add.yaml").is_file()

@@ -475,11 +475,27 @@ def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     return out
 
 
+CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
+"""The klgrad checkout this code runs from (the README's editable install), which holds ``configs/``."""
+
+
+def resolve_config_path(path: str | Path) -> Path:
+    """``path`` itself when it exists (or is absolute); a relative path missing from the working directory is
+    looked up in the klgrad checkout, so ``configs/tiny_add.yaml`` (the default of ``klgrad compare``) works from
+    any directory. Returned unchanged when neither exists (the caller reports it)."""
+    p = Path(path)
+    if p.is_file() or p.is_absolute():
+        return p
+    in_checkout = CHECKOUT_ROOT / p
+    return in_checkout if in_checkout.is_file() else p
+
+
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """YAML file (optional) + dotted overrides -> validated :class:`Config`."""
+    """YAML file (optional; a relative path is also looked up in the klgrad checkout, :func:`resolve_config_path`)
+    + dotted overrides -> validated :class:`Config`."""
     data: dict = {}
     if path is not None:
-        p = Path(path)
+        p = resolve_config_path(path)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
