@@ -458,3 +458,16 @@ def test_shipped_configs_load_from_any_working_directory(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"configs/nope\.yaml"):
         load_config("configs/nope.yaml")
     assert (CHECKOUT_ROOT / "configs" / "tiny_add.yaml").is_file()
+
+
+@pytest.mark.parametrize("method", SHAPING_METHODS)
+def test_group_size_one_is_refused_exactly_for_group_shaping(method):
+    """A group statistic over one response is 0 or undefined: the config refuses group_size 1 for the methods
+    whose operator chain has a group operator (hand list: the group ones), and accepts it for the others."""
+    group_methods = {"group_baseline", "group_norm", "rloo", "grpo", "dr_grpo", "reinforce_pp_baseline"}
+    over = {"algo.shaping": method, "rollout.group_size": 1, "rollout.prompts_per_step": 8}
+    if method in group_methods:
+        with pytest.raises(ConfigError, match="group_size"):
+            load_config(None, over)
+    else:
+        assert load_config(None, over).rollout.group_size == 1

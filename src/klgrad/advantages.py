@@ -43,6 +43,12 @@ _GROUP_OPS = frozenset({"group_baseline", "group_norm", "rloo"})
 _NORM_OPS = frozenset({"group_norm", "batch_norm"})
 
 
+def needs_groups(method: str) -> bool:
+    """True when ``method`` takes a statistic over each prompt's group (group baseline, group norm, RLOO), so it
+    needs ``group_size`` ≥ 2: with one response per prompt its advantages would all be 0 (or undefined)."""
+    return bool(_GROUP_OPS.intersection(PRESETS.get(method, (method,))))
+
+
 @dataclass(frozen=True)
 class ShapingStats:
     """Diagnostics of one ``shape_rewards`` call.
@@ -126,7 +132,7 @@ def _validate(
     if std_min is not None and std_max is not None and std_min > std_max:
         raise ValueError(f"std_min={std_min} must be <= std_max={std_max}")
     ops = PRESETS.get(method, (method,))
-    if group_size == 1 and _GROUP_OPS.intersection(ops):
+    if group_size == 1 and needs_groups(method):
         raise ValueError(
             f"method {method!r} needs a group statistic over >1 element, but group_size=1 makes every "
             "group-baseline advantage 0 (and the group std / leave-one-out mean undefined)"

@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from klgrad.advantages import ShapingMethod
+from klgrad.advantages import ShapingMethod, needs_groups
 from klgrad.kl import HeadName, Level, RatioLevel, RewardRatioLevel
 from klgrad.objective import Aggregation, Form
 from klgrad.rollout.mismatch import MismatchLevel
@@ -312,8 +312,7 @@ class Config:
     def validate(self, at: str = "") -> None:
         b = self.rollout.prompts_per_step * self.rollout.group_size
         _check(
-            self.rollout.group_size >= 2
-            or self.algo.shaping in ("none", "batch_baseline", "batch_norm", "reinforce", "reinforce_pp"),
+            self.rollout.group_size >= 2 or not needs_groups(self.algo.shaping),
             "rollout.",
             "group_size",
             f"must be >= 2 for group shaping {self.algo.shaping!r}",
