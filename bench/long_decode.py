@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from bench.common import RESULTS, alternate, median, print_table, write_json
+from bench.common import RESULTS, median, print_table, write_json
+from bench.rollout import measure, ratio_rows
 from klgrad.data.tasks import make_splits
 from klgrad.models import load_model_and_tokenizer
 from klgrad.rollout.encoding import encode_prompts
-from klgrad.rollout.samplers import HFGenerateSampler, KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR
 
 LENGTHS = (128, 512)
@@ -33,35 +33,6 @@ def _setup(prompts: int = 32):
     train, _ = make_splits("scratchpad", prompts, 1, 0, 2)
     ids, mask = encode_prompts(tok, [e.prompt for e in train])
     return model, tok, ids, mask
-
-
-def measure(max_new: int, group: int = 8, repeats: int = 3) -> dict:
-    """Median wall time and response tokens/s of each sampler at ``max_new`` tokens, EOS suppressed."""
-    model, tok, ids, mask = _setup()
-    stop = tok.unk_token_id  # never produced: full-length responses for every sampler
-    samplers = {
-        "klgrad (fast decode)": KlgradSampler(stop, tok.pad_token_id),
-        "klgrad (HF forward)": KlgradSampler(stop, tok.pad_token_id, fast_forward=False),
-        "transformers generate": HFGenerateSampler(stop, tok.pad_token_id),
-    }
-    counts: dict[str, list[int]] = {k: [] for k in samplers}
-    seeds = iter(range(10**6))
-
-    def run(name: str) -> None:
-        gen = torch.Generator().manual_seed(next(seeds))
-        r = samplers[name].generate(model, ids, mask, group_size=group, max_new_tokens=max_new, generator=gen)
-        counts[name].append(int(r.response_mask.sum()))
-
-    times = alternate({k: (lambda k=k: run(k)) for k in samplers}, warmup=1, repeats=repeats)
-    out = {}
-    for k, ts in times.items():
-        toks = counts[k][-len(ts) :]
-        out[k] = {
-            "median_s": median(ts),
-            "tok_per_s": median([n / t for n, t in zip(toks, ts, strict=True)]),
-            "tokens": toks[-1],
-        }
-    return out
 
 
 @torch.no_grad()
@@ -112,12 +83,13 @@ def plot(costs: dict[str, list[float]], path) -> None:
 
 
 def main(repeats: int = 3) -> dict:
-    results = {f"long decode (≤{n} new, EOS suppressed)": measure(n, repeats=repeats) for n in LENGTHS}
-    rows = []
-    for wl, res in results.items():
-        base = res["transformers generate"]["tok_per_s"]
-        for k, v in res.items():
-            rows.append([wl, k, v["median_s"], v["tok_per_s"], v["tok_per_s"] / base])
+    results = {
+        f"long decode (≤{n} new, EOS suppressed)": measure(
+            "scratchpad", n, repeats=repeats, warmup=1, suppress_eos=True
+        )
+        for n in LENGTHS
+    }
+    rows = ratio_rows(results)
     print_table(
         "rollout at reasoning lengths, batch 256 (32 prompts × 8), temperature 1, CPU fp32",
         ["workload", "sampler", "median s", "response tok/s", "× generate"],

@@ -20,15 +20,26 @@ from klgrad.trainer import EMBEDDED_DIR
 WORKLOADS = {"addition (≤8 new)": ("addition", 8), "scratchpad (≤32 new)": ("scratchpad", 32)}
 
 
-def measure(task: str, max_new: int, prompts: int = 32, group: int = 8, repeats: int = 5) -> dict:
+def measure(
+    task: str,
+    max_new: int,
+    prompts: int = 32,
+    group: int = 8,
+    repeats: int = 5,
+    warmup: int = 2,
+    suppress_eos: bool = False,
+) -> dict:
+    """Median wall time and response tokens/s of each sampler on the embedded ``task`` model. ``suppress_eos``:
+    every sampler stops only on ``<unk>`` (which the models do not produce), so responses run to ``max_new``."""
     model, tok = load_model_and_tokenizer(EMBEDDED_DIR / f"tiny_{task}")
     model.eval()
     train, _ = make_splits(task, prompts, 1, 0, 2)
     ids, mask = encode_prompts(tok, [e.prompt for e in train])
+    stop = tok.unk_token_id if suppress_eos else tok.eos_token_id
     samplers = {
-        "klgrad (fast decode)": KlgradSampler(tok.eos_token_id, tok.pad_token_id),
-        "klgrad (HF forward)": KlgradSampler(tok.eos_token_id, tok.pad_token_id, fast_forward=False),
-        "transformers generate": HFGenerateSampler(tok.eos_token_id, tok.pad_token_id),
+        "klgrad (fast decode)": KlgradSampler(stop, tok.pad_token_id),
+        "klgrad (HF forward)": KlgradSampler(stop, tok.pad_token_id, fast_forward=False),
+        "transformers generate": HFGenerateSampler(stop, tok.pad_token_id),
     }
     counts: dict[str, list[int]] = {k: [] for k in samplers}
     seeds = iter(range(10**6))
@@ -38,7 +49,7 @@ def measure(task: str, max_new: int, prompts: int = 32, group: int = 8, repeats:
         r = samplers[name].generate(model, ids, mask, group_size=group, max_new_tokens=max_new, generator=gen)
         counts[name].append(int(r.response_mask.sum()))
 
-    times = alternate({k: (lambda k=k: run(k)) for k in samplers}, warmup=2, repeats=repeats)
+    times = alternate({k: (lambda k=k: run(k)) for k in samplers}, warmup=warmup, repeats=repeats)
     out = {}
     for k, ts in times.items():
         toks = counts[k][-len(ts) :]
@@ -46,13 +57,19 @@ def measure(task: str, max_new: int, prompts: int = 32, group: int = 8, repeats:
     return out
 
 
-def main(repeats: int = 5) -> dict:
-    results = {name: measure(task, n, repeats=repeats) for name, (task, n) in WORKLOADS.items()}
+def ratio_rows(results: dict[str, dict]) -> list[list]:
+    """Table rows (workload, sampler, median s, tok/s, × generate) of :func:`measure` results by workload."""
     rows = []
     for wl, res in results.items():
         base = res["transformers generate"]["tok_per_s"]
         for k, v in res.items():
             rows.append([wl, k, v["median_s"], v["tok_per_s"], v["tok_per_s"] / base])
+    return rows
+
+
+def main(repeats: int = 5) -> dict:
+    results = {name: measure(task, n, repeats=repeats) for name, (task, n) in WORKLOADS.items()}
+    rows = ratio_rows(results)
     print_table(
         "rollout at batch 256 (32 prompts × 8), temperature 1, CPU fp32",
         ["workload", "sampler", "median s", "response tok/s", "× generate"],

@@ -305,7 +305,7 @@ def _rel(a: Tensor, b: Tensor, scale: float) -> float:
     return float((a - b).norm()) / max(nb, scale)
 
 
-def klgrad_gradients(problem, regime: str) -> dict[str, Tensor]:
+def klgrad_gradients(problem) -> dict[str, Tensor]:
     """On-policy expected gradient of every klgrad head at every level (``head@level``): what a framework's
     gradient is compared with. klgrad's off-policy correction has the same expectation, so one table serves
     both regimes."""
@@ -346,7 +346,7 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
             prob = dataclasses.replace(problem, ref=problem.behaviour) if reference_is_behaviour else problem
             g_rkl = exact_gradient(prob.space, "rkl", prob.theta, prob.ref)
             g_fkl = exact_gradient(prob.space, "fkl", prob.theta, prob.ref)
-            table = klgrad_gradients(prob, "on_policy")
+            table = klgrad_gradients(prob)
             contexts[reference_is_behaviour] = (prob, token_logps(prob.space, prob.ref), g_rkl, g_fkl, table)
         return contexts[reference_is_behaviour]
 

@@ -43,17 +43,8 @@ from klgrad.objective import combined_advantages, policy_gradient_loss
 from klgrad.plotting import pyplot, save
 
 REGIMES: tuple[str, ...] = ("on_policy", "is_seq", "is_tok", "is_seq_clip", "no_is")
-AUDIT_HEADS: tuple[str, ...] = (
-    "k1_in_reward",
-    "k2_as_loss",
-    "k3_as_loss",
-    "k3_in_reward",
-    "k1_as_loss",
-    "mse_in_reward",
-    "fkl_as_loss",
-    "js_in_reward",
-    "js_as_loss",
-)
+AUDIT_HEADS: tuple[str, ...] = tuple(name for name in KL_HEADS if name != "none")
+"""Every built-in head but ``none`` (whose gradient is zero by definition)."""
 
 
 @dataclass(frozen=True)
