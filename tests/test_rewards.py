@@ -95,6 +95,28 @@ def test_accuracy_batch_and_worker_thread_agree_with_table():
     assert in_thread(math_verify_reward, completions, answers) == expected  # the worker-process path
 
 
+def test_accuracy_checks_each_distinct_pair_once_and_gives_every_copy_its_verdict(monkeypatch):
+    """A batch with repeats (a group's identical samples, and the same text against another answer) scores as
+    its items one by one, with one Math-Verify check per distinct (completion, answer) pair."""
+    import klgrad.rewards.accuracy as accuracy
+
+    table = [(c, a, r) for c, a, r in ACCURACY_TABLE if c.strip() and a.strip()]
+    rows = [table[i % len(table)] for i in (0, 1, 0, 2, 1, 0, 3, 3)] + [(table[0][0], "not the answer", 0.0)]
+    accuracy._warm_up()  # its own check of ("1", "1") happens once per process, before the count
+    checked: list[tuple[str, str]] = []
+    real = accuracy._score
+
+    def counting(completion: str, answer: str) -> float:
+        checked.append((completion, answer))
+        return real(completion, answer)
+
+    monkeypatch.setattr(accuracy, "_score", counting)
+    out = math_verify_reward([c for c, _, _ in rows], [a for _, a, _ in rows])
+    assert out == [r for _, _, r in rows]
+    needs_check = {(c, a) for c, a, _ in rows if accuracy.plain_integer_verdict(c, a) is None}
+    assert sorted(checked) == sorted(needs_check)  # each distinct pair once, none twice
+
+
 def test_accuracy_bad_arguments():
     with pytest.raises(ValueError, match="2 completions but 1 answers"):
         math_verify_reward(["1", "2"], ["1"])
