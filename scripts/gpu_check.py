@@ -3,9 +3,9 @@
     python scripts/gpu_check.py                       # on a CUDA machine (scripts/gpu_check.sh sets it up first)
     python scripts/gpu_check.py --device cpu --small  # the plumbing on CPU: a tiny model, 2 steps, no vLLM
 
-Steps (docs/gpu.md): ``gpu_tests`` (``pytest -m gpu``), ``make_model`` (a random Qwen2 of ~0.5B parameters),
-``train`` and ``train_lora`` (20 ``klgrad train`` steps on it, without and with LoRA), ``eval`` (``klgrad eval``
-of the trained run and the base model on a generated addition benchmark), ``vllm`` (a few steps with
+Steps (docs/gpu.md): ``gpu_tests`` (``pytest -m gpu tests/test_gpu.py``), ``make_model`` (a random Qwen2 of
+~0.5B parameters), ``train`` and ``train_lora`` (20 ``klgrad train`` steps on it, without and with LoRA), ``eval``
+(``klgrad eval`` of the trained run and the base model on a generated addition benchmark), ``vllm`` (a few steps with
 ``rollout.engine vllm``, only where vLLM is importable). A step that fails is a fail row, never the end of the
 check; a step whose prerequisite did not pass is skipped, naming it. Writes ``OUT/gpu_check.json`` (the table
 plus the machine: GPU, torch, CUDA, klgrad commit) and ``OUT/logs/STEP.log``; exits 1 if any step failed, 2
@@ -219,10 +219,17 @@ def _last_line(text: str) -> str:
     return text.strip().splitlines()[-1] if text.strip() else "(no output)"
 
 
+GPU_TESTS = "tests/test_gpu.py"
+"""Where the GPU-marked tests live. The step names the file rather than collecting the whole suite: modules
+for optional integrations (test_integration_trl.py imports trl at the top) would fail collection on a GPU
+machine without them."""
+
+
 def step_gpu_tests(ctx: Context) -> str:
-    """``python -m pytest -q -m gpu``: every GPU-marked test (tests/test_gpu.py), counted from its JUnit XML."""
+    """``python -m pytest -q -m gpu tests/test_gpu.py``: the GPU-marked tests, counted from a JUnit XML report."""
     xml = ctx.out / "logs" / "gpu_tests.xml"
-    code, tail = run_measured(ctx, ["-m", "pytest"], ["-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={xml}"])
+    args = ["-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={xml}", GPU_TESTS]
+    code, tail = run_measured(ctx, ["-m", "pytest"], args)
     if code == 5:
         raise Fail("no gpu-marked tests were collected")
     if not xml.is_file():

@@ -1,5 +1,5 @@
-"""klgrad on a CUDA GPU (marker ``gpu``; scripts/gpu_check.sh runs ``pytest -m gpu``). Every test here is skipped
-when torch sees no CUDA GPU.
+"""klgrad on a CUDA GPU (marker ``gpu``; scripts/gpu_check.sh runs ``pytest -m gpu tests/test_gpu.py``). Every
+test here is skipped when torch sees no CUDA GPU.
 
 - ``klgrad train`` with ``model.device: auto`` puts the policy, the reference and every rollout tensor on cuda,
   in float32 and (where the GPU supports it) bfloat16;

@@ -275,6 +275,11 @@ def test_bad_invocations_exit_2(tmp_path):
     (foreign / "notes.txt").write_text("someone's files")
     assert gc.main(["--device", "cpu", "--small", "--steps", "vllm", "--out", str(foreign)]) == 2
     assert (foreign / "notes.txt").is_file()  # a folder that is not a previous check's is never emptied
+    previous = tmp_path / "previous"
+    (previous / "model").mkdir(parents=True)
+    (previous / gc.JSON_NAME).write_text("{}")
+    assert gc.prepare_out(previous) is None  # a previous check's folder is replaced
+    assert list(previous.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -315,8 +320,3 @@ def test_cpu_dry_mode_end_to_end(tmp_path):
     assert [r["step"] for r in metrics if "reward/mean" in r] == [1, 2]
     for name in DRY_STEPS:
         assert name in result.stdout  # the table
-    # a second run replaces the first check's folder
-    again = run_driver("--device", "cpu", "--small", "--out", str(out), "--steps", "vllm")
-    assert again.returncode == 0, again.stderr
-    assert [s["name"] for s in json.loads((out / gc.JSON_NAME).read_text())["steps"]] == ["vllm"]
-    assert not (out / "model").exists()
