@@ -20,7 +20,8 @@ WHEELS=${KLGRAD_WHEELS:-wheels}
 
 "$PY" scripts/gpu_check.py --preflight "$@" || exit $?
 
-read -r -a missing <<< "$("$PY" scripts/gpu_check.py --missing)"
+missing_text=$("$PY" scripts/gpu_check.py --missing)
+read -r -a missing <<< "$missing_text"
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "[gpu_check.sh] missing here: ${missing[*]}"
     if [ ! -d "$WHEELS" ]; then
