@@ -83,6 +83,40 @@ def llama_depth(num_layers: int) -> int:
     return 8 * num_layers + 2
 
 
+def stored_network_tol(
+    points: int, width: int, scale: float, storage: torch.dtype, accumulate: torch.dtype = torch.float32
+) -> float:
+    """Distance between two evaluations of the same network that keep activations in ``storage`` (bfloat16) and
+    accumulate every reduction in ``accumulate`` (float32), as CUDA's bf16 matmuls (fp32 accumulators) and the
+    float32 RMSNorm / softmax of transformers and klgrad do.
+
+    Error model: at each of ``points`` rounding points (each stored result: every reduction and every elementwise
+    op whose output is rounded to ``storage``) an evaluation gets a relative error of at most u_storage (the one
+    rounding of the stored value) plus, for a reduction over ≤ ``width`` terms, the accumulator's
+    λ·√width·u_accumulate (:func:`sum_tol_probabilistic`); as in :func:`network_tol`, the normalisations keep the
+    errors of the points additive relative to the output's magnitude ``scale``. Two evaluations differ by at most
+    twice the sum. Counting every stored rounding at full size makes this loose (for bfloat16, u = 2^-8, tens of
+    points give a few tenths of ``scale``): it catches a broken computation, not a small drift.
+    """
+    per_point = unit_roundoff(storage) + LAMBDA * math.sqrt(width) * unit_roundoff(accumulate)
+    return 2 * points * per_point * scale
+
+
+def llama_rounding_points(num_layers: int) -> int:
+    """Stored roundings of a Llama-style decoder in a low-precision dtype (:func:`stored_network_tol`): per layer
+    RMSNorm (cast, ×weight: 2), q/k/v (with its bias: 2), RoPE (two products and a sum: 3), scores (product,
+    ×scaling, +mask: 3), softmax (1), ·V (1), o_proj (1), residual (1), RMSNorm (2), gate/up (1), silu (1),
+    product (1), down (1), residual (1): 21; plus the final norm (2) and the LM head (1)."""
+    return 21 * num_layers + 3
+
+
+def model_tol_stored(config, scale: float, storage: torch.dtype) -> float:
+    """:func:`stored_network_tol` of a Llama-style ``transformers`` config (points from its layer count, width the
+    largest of hidden and intermediate sizes), at output magnitude ``scale``."""
+    width = max(config.hidden_size, config.intermediate_size)
+    return stored_network_tol(llama_rounding_points(config.num_hidden_layers), width, scale, storage)
+
+
 def adamw_step_bound(lr: float, steps: int, betas: tuple[float, float] = (0.9, 0.999)) -> float:
     """Upper bound on how far ``steps`` AdamW updates at learning rate ≤ ``lr`` move one weight (ignoring weight
     decay, which only shrinks it), whatever the gradients.
