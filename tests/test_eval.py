@@ -21,7 +21,7 @@ from klgrad.data import make_splits
 from klgrad.eval.benchmarks import encode_eval_prompts, load_benchmarks
 from klgrad.eval.models import EMBEDDED_DEFAULT, load_eval_model, locate_model, split_label
 from klgrad.eval.passk import mean_pass_at_k, pass_at_k
-from klgrad.eval.run import unique_labels
+from klgrad.eval.run import DEFAULT_MAX_NEW_TOKENS, default_max_new_tokens, unique_labels
 from klgrad.models import load_model_and_tokenizer
 from klgrad.rollout.vllm_engine import vllm_unavailable_reason
 from klgrad.trainer.checkpoints import save_checkpoint, sha256
@@ -175,7 +175,8 @@ def _greedy_by_generate(rows: list[dict], max_new_tokens: int) -> list[str]:
 
 def test_eval_end_to_end_matches_generate_and_writes_the_schema(add40, tmp_path):
     out = tmp_path / "out"
-    assert _run_eval(["--data", str(add40), "--samples", "4", "--max-new-tokens", "8", "--out", str(out)]) == 0
+    argv = ["--data", str(add40), "--samples", "4", "--max-new-tokens", "8", "--device", "cpu"]
+    assert _run_eval([*argv, "--out", str(out)]) == 0  # on the CPU, as the generate it is compared with
     report = json.loads((out / "eval.json").read_text())
     assert set(report) == {"model", "settings", "benchmarks"}
     assert report["model"]["label"] == "embedded"
@@ -355,6 +356,14 @@ def test_a_lora_checkpoint_goes_to_load_lora_policy(tmp_path, monkeypatch):
     m = load_eval_model(str(run), device=torch.device("cpu"))
     assert calls == [(run / "checkpoints" / "step_000003", None)]
     assert m.label == "run@step_000003"
+
+
+def test_default_response_cap_fits_the_context():
+    model, _ = load_model_and_tokenizer(EMBEDDED_DIR / EMBEDDED_DEFAULT)  # max_position_embeddings 256
+    assert default_max_new_tokens(model, 7) == 249
+    assert default_max_new_tokens(types.SimpleNamespace(config=types.SimpleNamespace()), 7) == DEFAULT_MAX_NEW_TOKENS
+    with pytest.raises(ValueError, match="fills the model's context"):
+        default_max_new_tokens(model, 256)
 
 
 def test_model_names_and_labels():

@@ -129,11 +129,16 @@ def summarize(problems: Sequence[ProblemResult], k: int) -> dict:
 
 def default_max_new_tokens(model: torch.nn.Module, longest_prompt: int) -> int:
     """min(DEFAULT_MAX_NEW_TOKENS, context − longest prompt), context = the model's ``max_position_embeddings``
-    (DEFAULT_MAX_NEW_TOKENS when the config has none); at least 1."""
+    (DEFAULT_MAX_NEW_TOKENS when the config has none). ValueError when the longest prompt leaves no room."""
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if not isinstance(context, int):
         return DEFAULT_MAX_NEW_TOKENS
-    return max(1, min(DEFAULT_MAX_NEW_TOKENS, context - longest_prompt))
+    if context - longest_prompt < 1:
+        raise ValueError(
+            f"the longest prompt ({longest_prompt} tokens) fills the model's context ({context}); "
+            "shorten it or set --max-new-tokens"
+        )
+    return min(DEFAULT_MAX_NEW_TOKENS, context - longest_prompt)
 
 
 def longest_prompt(m: EvalModel, benchmarks: Sequence[Benchmark], settings: EvalSettings) -> int:
