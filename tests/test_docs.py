@@ -67,7 +67,7 @@ def test_write_all_writes_both_generated_files(tmp_path):
     assert paths[1].read_text(encoding="utf-8") == (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("name", ["index.md", "quickstart.md", "math.md", "vllm.md", "frameworks.md"])
+@pytest.mark.parametrize("name", ["index.md", "quickstart.md", "math.md", "vllm.md", "frameworks.md", "eval.md"])
 def test_relative_links_resolve(name):
     page = ROOT / "docs" / name
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8"))

@@ -1,5 +1,6 @@
 """klgrad command line: ``audit`` (gradient audit), ``compare`` (the paper's KL comparison), ``train``, ``sft``,
-``reproduce`` (paper figures) and ``completion`` (shell completion scripts, generated in :mod:`klgrad.completion`).
+``eval`` (benchmark accuracy and pass@k), ``reproduce`` (paper figures) and ``completion`` (shell completion
+scripts, generated in :mod:`klgrad.completion`).
 
 Each command is two functions side by side: ``add_NAME_parser`` declares its flags, ``cmd_NAME`` runs it. Every
 command writes its results as files (JSON, PNG) into ``--out`` and prints a readable summary.
@@ -271,6 +272,113 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+EVAL_ENGINES: tuple[str, ...] = ("klgrad", "hf", "vllm")
+"""``klgrad eval --engine`` choices: :data:`klgrad.rollout.samplers.ENGINES` (spelled out: importing the samplers
+loads transformers, which ``klgrad --help`` and the completion scripts should not wait for; a test keeps the two
+equal)."""
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad eval``: greedy accuracy, pass@1 and pass@k of models on benchmark files (:mod:`klgrad.eval`)."""
+    e = sub.add_parser(
+        "eval",
+        help="greedy accuracy, pass@1 and pass@k of one or more models on benchmark files (Math-Verify)",
+        description="Per benchmark file (JSONL / parquet / JSON / CSV / datasets folder with a prompt and an answer "
+        "column; docs/eval.md), sample each problem once greedily and --samples times at --temperature, score "
+        "with Math-Verify (klgrad's accuracy reward) and report greedy accuracy, pass@1, pass@k (unbiased "
+        "estimator) and mean response length. Writes OUT/eval.json, OUT/completions/ and, for several models, "
+        "OUT/results.md (models x benchmarks).",
+    )
+    e.add_argument(
+        "--model",
+        action="append",
+        metavar="[LABEL=]MODEL",
+        help="'embedded', a shipped model name, a Hugging Face model folder, a klgrad run directory (its newest "
+        "valid checkpoint) or a checkpoint folder; repeat to compare (default: embedded)",
+    )
+    e.add_argument("--data", action="append", required=True, metavar="FILE", help="benchmark file; repeatable")
+    e.add_argument("--samples", type=int, default=8, help="K: samples per problem for pass@1 and pass@K (default 8)")
+    e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    e.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
+    e.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="response cap (default: 1024, lowered to what fits the model's context)",
+    )
+    e.add_argument("--prompt-column", default="prompt", help="column holding the prompt (default prompt)")
+    e.add_argument("--answer-column", default="answer", help="column holding the answer (default answer)")
+    e.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N problems of each file")
+    e.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: cuda when available")
+    e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights dtype")
+    e.add_argument(
+        "--engine",
+        default="klgrad",
+        choices=EVAL_ENGINES,
+        help="klgrad (KV-cache sampler with the fast decode, default), hf (transformers generate), vllm (CUDA GPU)",
+    )
+    e.add_argument("--seed", type=int, default=0, help="sampling seed (every model draws the same random numbers)")
+    e.add_argument("--batch-size", type=int, default=32, help="problems per sampler call (default 32)")
+    e.add_argument("--no-chat-template", action="store_true", help="raw prompts even when the tokenizer has a template")
+    e.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
+    e.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from klgrad.eval.benchmarks import answer_warnings, load_benchmarks
+    from klgrad.eval.models import locate_model
+    from klgrad.eval.report import print_table, write_outputs
+    from klgrad.eval.run import EvalSettings, evaluate_all, resolve_eval_device
+    from klgrad.runlock import run_lock
+
+    try:  # every argument, file and model folder checked before any sampling
+        settings = EvalSettings(
+            samples=args.samples,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            chat_template=not args.no_chat_template,
+            engine=args.engine,
+        )
+        device = resolve_eval_device(args.device, args.engine)
+        benchmarks = load_benchmarks(
+            args.data, prompt_column=args.prompt_column, answer_column=args.answer_column, limit=args.limit
+        )
+        sources = [locate_model(m) for m in args.model or ["embedded"]]
+    except (ValueError, OSError) as e:  # DataError is a ValueError; FileNotFoundError an OSError
+        print(f"klgrad eval: {e}", file=sys.stderr)
+        return 2
+    warnings = answer_warnings(benchmarks)
+    for w in warnings:
+        print(f"klgrad eval: warning: {w}", file=sys.stderr)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = _console()
+    out = Path(args.out)
+    total = len(sources) * sum(len(b.examples) for b in benchmarks)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with run_lock(out), Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("loading", total=total)
+        try:
+            results = evaluate_all(
+                sources,
+                benchmarks,
+                settings,
+                device=device,
+                dtype=args.dtype,
+                advance=lambda what, n: progress.update(task, advance=n, description=what),
+            )
+        except (ValueError, OSError) as e:
+            print(f"klgrad eval: {e}", file=sys.stderr)
+            return 2
+        paths = write_outputs(results, settings, args.data, out, warnings)
+    print_table(results, settings, console)
+    console.print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'completions'}/")
+    return 0
+
+
 REPRODUCE_TARGETS: tuple[str, ...] = tuple(TARGETS)
 """``klgrad reproduce`` names (:data:`klgrad.experiments.reproduce.TARGETS`)."""
 
@@ -331,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_compare_parser,
         add_train_parser,
         add_sft_parser,
+        add_eval_parser,
         add_reproduce_parser,
         add_completion_parser,
     ):
@@ -351,7 +460,7 @@ def _quiet_transformers() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command in ("train", "sft", "compare", "reproduce"):
+    if args.command in ("train", "sft", "compare", "reproduce", "eval"):
         _quiet_transformers()
     if getattr(args, "takes_overrides", False):
         return int(args.func(args, extra) or 0)

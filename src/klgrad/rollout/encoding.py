@@ -12,6 +12,11 @@ def encode_prompts(tokenizer, prompts: list[str]) -> tuple[Tensor, Tensor]:
     """BOS (when the tokenizer has one) + prompt tokens, left-padded: (P, L) ids and (P, L) bool mask."""
     bos = tokenizer.bos_token_id
     rows = [([bos] if bos is not None else []) + tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    return left_pad(tokenizer, rows)
+
+
+def left_pad(tokenizer, rows: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """Token rows left-padded with the tokenizer's pad token (its EOS when it has none): (P, L) ids, (P, L) mask."""
     width = max(len(r) for r in rows)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids = torch.full((len(rows), width), pad, dtype=torch.long)

@@ -87,10 +87,15 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return None
 
 
+def load_policy_weights(path: Path, policy) -> None:
+    """The checkpoint's policy weights (``policy.safetensors``) into ``policy``, nothing else."""
+    load_model(policy, str(path / "policy.safetensors"))
+
+
 def load_weights(path: Path, policy, ref) -> None:
     """The checkpoint's policy into ``policy``, and its reference into ``ref`` when the run reset its reference
     (``kl.reset_ref_every``: the reference in force at that step; otherwise ``ref`` stays the starting model)."""
-    load_model(policy, str(path / "policy.safetensors"))
+    load_policy_weights(path, policy)
     if (path / "ref.safetensors").is_file():
         load_model(ref, str(path / "ref.safetensors"))
 

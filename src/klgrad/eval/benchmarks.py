@@ -1,0 +1,110 @@
+"""Benchmark files and the prompts a model sees.
+
+A benchmark is a JSONL, parquet, JSON or CSV file, or a ``Dataset.save_to_disk`` folder, with a prompt column and
+an answer column (read by :func:`klgrad.data.load_examples`, which names the file, row and column of a bad row).
+Its name is the file's stem (a folder's name). The prompt is wrapped in the tokenizer's chat template as one user
+message when the tokenizer has a template (and ``chat_template`` is on); otherwise the model sees BOS + the raw
+prompt, as ``klgrad train`` feeds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import Tensor
+
+from klgrad.data import Example, load_examples
+from klgrad.rewards import accuracy_reward
+from klgrad.rollout.encoding import encode_prompts, left_pad
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """One benchmark file's problems."""
+
+    name: str
+    path: Path
+    examples: list[Example]
+
+
+def benchmark_name(path: Path) -> str:
+    """The file's stem (``math500.jsonl`` -> ``math500``), a folder's name."""
+    return path.name if path.is_dir() else path.stem
+
+
+def load_benchmarks(
+    paths: list[str | Path], *, prompt_column: str = "prompt", answer_column: str = "answer", limit: int | None = None
+) -> list[Benchmark]:
+    """Each file's first ``limit`` problems (all when None), in the order given.
+
+    Raises:
+        FileNotFoundError: a file is missing.
+        klgrad.data.DataError: a bad row (missing column, empty prompt, ...), naming the file, row and column.
+        ValueError: two files with the same name (stem), or ``limit`` < 1.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"--limit must be >= 1, got {limit}")
+    out: list[Benchmark] = []
+    seen: dict[str, Path] = {}
+    for p in map(Path, paths):
+        name = benchmark_name(p)
+        if name in seen:
+            raise ValueError(f"--data {seen[name]} and {p} share the benchmark name {name!r} (the file stem)")
+        seen[name] = p
+        res = load_examples(p, prompt_column=prompt_column, answer_column=answer_column, max_rows=limit)
+        out.append(Benchmark(name, p, res.examples))
+    return out
+
+
+def as_latex_math(answer: str) -> str:
+    """``answer`` as a response would state it in LaTeX math: unchanged when it already holds ``$`` or
+    ``\\boxed``, else wrapped in ``$...$``."""
+    return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
+
+
+def misread_answers(examples: list[Example]) -> list[Example]:
+    """Problems whose answer Math-Verify does not read as written: a response stating exactly that answer in
+    LaTeX math (:func:`as_latex_math`) does not score 1 against it.
+
+    The accuracy reward reads the gold answer with the extraction it uses on responses, where LaTeX needs
+    delimiters: an undelimited ``\\sqrt{2}`` reads as nothing (no response can score) and ``1, 2`` as its
+    rightmost number ``2`` (a response of 2 scores). Plain integers are never misread. Such rows are scored
+    wrongly; wrapping their answers in ``$...$`` fixes them (``scripts/convert_benchmarks.py`` does).
+    """
+    ok = accuracy_reward(
+        [e.prompt for e in examples], [as_latex_math(e.answer) for e in examples], answer=[e.answer for e in examples]
+    )
+    return [e for e, v in zip(examples, ok, strict=True) if v != 1.0]
+
+
+def answer_warnings(benchmarks: list[Benchmark]) -> list[str]:
+    """One line per benchmark with :func:`misread_answers`, naming how many, the first one and the fix."""
+    out = []
+    for b in benchmarks:
+        bad = misread_answers(b.examples)
+        if bad:
+            out.append(
+                f"{b.name}: {len(bad)} of {len(b.examples)} answers are not read as written by Math-Verify "
+                f"(e.g. {bad[0].id}: {bad[0].answer!r}), so those problems are scored wrongly; write LaTeX answers "
+                "in $...$ (docs/eval.md)"
+            )
+    return out
+
+
+def uses_chat_template(tokenizer, enabled: bool) -> bool:
+    """True when prompts go through the tokenizer's chat template: it has one and it is not turned off."""
+    return enabled and bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode_eval_prompts(tokenizer, prompts: list[str], *, chat_template: bool) -> tuple[Tensor, Tensor]:
+    """(P, L) left-padded ids and mask. With the chat template: each prompt as one user message with the
+    generation prompt appended, tokenised without adding special tokens (the template writes its own BOS);
+    otherwise :func:`klgrad.rollout.encoding.encode_prompts` (BOS + raw prompt, as in training)."""
+    if not uses_chat_template(tokenizer, chat_template):
+        return encode_prompts(tokenizer, prompts)
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
+    return left_pad(tokenizer, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
