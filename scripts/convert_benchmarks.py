@@ -18,9 +18,10 @@ Source layouts it knows (``--format auto``, the default, picks one from the firs
 
 Files: ``.jsonl``, ``.json`` (a list of rows, or ``{"data": [...]}``), ``.parquet``, ``.csv``.
 
-Answers are written so that klgrad's Math-Verify reward reads them as written: plain numbers as they are, anything
-else in LaTeX math, ``$...$`` (Math-Verify reads undelimited LaTeX such as ``\sqrt{2}`` as nothing, and ``1, 2``
-as ``2``). Multiple-choice answers become a letter in math, ``$C$``, with the options listed in the prompt as
+Answers are written so that any Math-Verify reward reads them as written: plain numbers as they are, anything
+else in LaTeX math, ``$...$`` (klgrad's reward wraps bare gold answers itself, but other tools reading these files
+may not: Math-Verify reads undelimited LaTeX such as ``\sqrt{2}`` as nothing, and ``1, 2`` as ``2``).
+Multiple-choice answers become a letter in math, ``$C$``, with the options listed in the prompt as
 ``A) ...``; the model must then state its letter in LaTeX (``\boxed{C}``): a plain ``C`` or ``(C)`` is not read.
 ``--instruction`` is appended to every prompt (default: a \boxed{} instruction for the format, '' for none).
 """

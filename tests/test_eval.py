@@ -241,13 +241,13 @@ def test_parquet_and_datasets_folder_read_like_jsonl(tmp_path):
 
 
 def test_answers_math_verify_misreads_are_named_in_a_warning(tmp_path, capsys):
-    rows = [*_addition_rows(3), {"prompt": "1+1=", "answer": "\\sqrt{2}"}, {"prompt": "2+2=", "answer": "$\\sqrt{2}$"}]
+    rows = [*_addition_rows(3), {"prompt": "1+1=", "answer": "\\text{}"}, {"prompt": "2+2=", "answer": "\\sqrt{2}"}]
     data = _write_jsonl(tmp_path / "mixed.jsonl", rows)
     out = tmp_path / "out"
     assert _run_eval(["--data", str(data), "--samples", "1", "--max-new-tokens", "4", "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "warning: mixed: 1 of 5 answers are not read as written" in err
-    assert "mixed-4" in err  # the row: the undelimited one, not its $-wrapped twin
+    assert "mixed-4" in err  # the row Math-Verify cannot parse; the bare sqrt(2) beside it reads as written
     assert json.loads((out / "eval.json").read_text())["settings"]["warnings"] == [err.split("warning: ")[1].strip()]
 
 

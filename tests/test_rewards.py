@@ -79,6 +79,14 @@ ACCURACY_TABLE = [
     ("\\boxed{\\frac{5}{2}}", "2.5", 1.0),
     ("The answer is 0.5", "\\frac{1}{2}", 1.0),
     ("81", "", 0.0),  # empty gold: never a match
+    # gold answers written bare, as MATH-500's are: read as the value written, not as one of their numbers
+    ("The answer is $\\sqrt{2}$", "\\sqrt{2}", 1.0),  # bare, \sqrt{2} alone would parse to nothing
+    ("2", "1, 2", 0.0),  # bare, 1, 2 alone would parse to its last number
+    ("$1, 2$", "1, 2", 1.0),
+    ("3", "\\left( 3, \\frac{\\pi}{2} \\right)", 0.0),  # ... and this one to its first
+    ("\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1.0),
+    ("$x^2 + 1$", "x^2+1", 1.0),
+    ("The cost is $\\$18.90$", "\\$18.90", 1.0),  # an escaped dollar is not a delimiter
 ]
 
 

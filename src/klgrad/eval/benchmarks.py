@@ -67,10 +67,10 @@ def misread_answers(examples: list[Example]) -> list[Example]:
     """Problems whose answer Math-Verify does not read as written: a response stating exactly that answer in
     LaTeX math (:func:`as_latex_math`) does not score 1 against it.
 
-    The accuracy reward reads the gold answer with the extraction it uses on responses, where LaTeX needs
-    delimiters: an undelimited ``\\sqrt{2}`` reads as nothing (no response can score) and ``1, 2`` as its
-    rightmost number ``2`` (a response of 2 scores). Plain integers are never misread. Such rows are scored
-    wrongly; wrapping their answers in ``$...$`` fixes them (``scripts/convert_benchmarks.py`` does).
+    The accuracy reward wraps a bare gold answer in ``$...$`` before parsing
+    (:func:`klgrad.rewards.accuracy.gold_as_math`), so ``\\sqrt{2}`` and ``1, 2`` read as written; what remains
+    are answers Math-Verify cannot parse to a value (``\\text{}``, unbalanced braces).
+    Such rows are scored wrongly: no response can match them.
     """
     ok = accuracy_reward(
         [e.prompt for e in examples], [as_latex_math(e.answer) for e in examples], answer=[e.answer for e in examples]

@@ -72,10 +72,23 @@ def _pred_config() -> list[Any]:
     return [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
 
 
+def gold_as_math(answer: str) -> str:
+    """The gold answer as LaTeX math: unchanged when it holds a ``$`` delimiter (not an escaped ``\\$``) or
+    ``\\boxed``, else wrapped in ``$...$``.
+
+    Math-Verify's LaTeX extraction needs delimiters, and gold files (MATH-500's, for one) write answers bare:
+    read bare, ``\\sqrt{2}`` parses to nothing (no response could score) and ``1, 2`` or
+    ``\\left( 3, \\frac{\\pi}{2} \\right)`` to their last or first number (a response of that number alone
+    would score). Wrapped, they parse to the value written; plain numbers parse the same either way.
+    """
+    delimited = "$" in answer.replace("\\$", "") or "\\boxed" in answer
+    return answer if delimited else f"${answer}$"
+
+
 @lru_cache(maxsize=4096)
 def _parse_gold(answer: str) -> list[Any]:
     mv = _math_verify()
-    return mv.parse(answer, extraction_config=_pred_config(), parsing_timeout=None)
+    return mv.parse(gold_as_math(answer), extraction_config=_pred_config(), parsing_timeout=None)
 
 
 _PLAIN_INT = re.compile(r"[0-9]{1,30}")
