@@ -585,7 +585,7 @@ def config_reference() -> str:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The string literal under each field (attribute docstrings)."""
+    """The string literal under each field (attribute docstrings), its lines joined into one."""
     src = inspect.getsource(cls)
     tree = ast.parse(src)
     body = tree.body[0].body  # type: ignore[attr-defined]
@@ -593,7 +593,7 @@ def field_docs(cls: type) -> dict[str, str]:
     for node, nxt in itertools.pairwise(body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = nxt.value.value.strip()
+                docs[node.target.id] = " ".join(nxt.value.value.split())  # one line: a table cell
     return docs
 
 
