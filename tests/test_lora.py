@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from klgrad.config import ConfigError, load_config
 from klgrad.logprobs import _shared_prompt_logits, sequence_logprobs
@@ -29,10 +28,10 @@ from klgrad.models.lora import (
 from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
 from klgrad.trainer.setup import load_policy_and_reference, make_optimizer
+from tiny_llama import BOS, EOS, PAD, llama, qwen2
 from tolerances import llama_depth, logprob_tol, max_abs_logit, network_tol
 
 CONFIG = "configs/tiny_add.yaml"
-PAD, BOS, EOS = 0, 1, 2
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -152,30 +151,9 @@ def test_reference_logprobs_are_the_base_models_whatever_the_adapter():
 # the fast forward with an adapter
 
 
-COMMON = dict(
-    vocab_size=23,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # grouped-query attention
-    max_position_embeddings=64,
-    pad_token_id=PAD,
-    bos_token_id=BOS,
-    eos_token_id=EOS,
-)
-
-
-def adapted(make: str, targets):
-    torch.manual_seed(0)
-    if make == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**COMMON, tie_word_embeddings=True, attn_implementation="eager"))
-    else:  # Qwen2: q/k/v biases, made non-zero so that a path ignoring them fails
-        model = Qwen2ForCausalLM(Qwen2Config(**COMMON, tie_word_embeddings=False, attn_implementation="eager"))
-        with torch.no_grad():
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
+def adapted(make, targets):
+    """A test model (:mod:`tiny_llama`) with a rank-4 adapter (α = 8) on ``targets``, A and B random."""
+    model = make()
     peft_model = apply_lora(model, 4, 8.0, targets)
     perturb_adapter(model, std=0.2)
     assert unsupported_reason(model) is None
@@ -191,7 +169,7 @@ def lora_tol(config, scale: float) -> float:
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("make", ["llama", "qwen2"])
+@pytest.mark.parametrize("make", [llama, qwen2])
 @pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj")])
 def test_fast_forward_equals_peft_forward_with_a_nonzero_adapter(make, targets):
     """Rollout (adapters merged into W + s·B·A) and the training forward (low-rank term, with gradients) against
@@ -237,7 +215,7 @@ def test_fast_forward_equals_peft_forward_with_a_nonzero_adapter(make, targets):
 
 @pytest.mark.numerics
 def test_disabled_or_merged_adapters_are_read_as_peft_runs_them():
-    model, peft_model = adapted("llama", LORA_TARGETS)
+    model, peft_model = adapted(llama, LORA_TARGETS)
     prompts = torch.tensor([[BOS, 5, 6, 7]])
     mask = prompts != PAD
     with torch.no_grad():
