@@ -5,46 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from klgrad.models.fast_forward import FastForward, unsupported_reason
 from klgrad.rollout.samplers import KlgradSampler
+from tiny_llama import BOS, COMMON, EOS, PAD, llama, qwen2
 from tolerances import max_abs_logit, model_tol
 
 pytestmark = pytest.mark.numerics
-
-PAD, BOS, EOS = 0, 1, 2
-COMMON = dict(
-    vocab_size=23,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,  # grouped-query attention: 2 query heads per key/value head
-    max_position_embeddings=64,
-    pad_token_id=PAD,
-    bos_token_id=BOS,
-    eos_token_id=EOS,
-)
-
-
-def llama():
-    torch.manual_seed(0)
-    cfg = LlamaConfig(**COMMON, tie_word_embeddings=True)
-    cfg._attn_implementation = "eager"
-    return LlamaForCausalLM(cfg).eval()
-
-
-def qwen2():
-    torch.manual_seed(1)
-    cfg = Qwen2Config(**COMMON, tie_word_embeddings=False, rope_theta=1000.0)
-    cfg._attn_implementation = "eager"
-    m = Qwen2ForCausalLM(cfg).eval()
-    with torch.no_grad():  # non-zero biases, so a path that ignored them would fail
-        for layer in m.model.layers:
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                proj.bias.normal_(0, 0.5)
-    return m
 
 
 def full_forward_logits(model, ids, mask):

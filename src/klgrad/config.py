@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import inspect
 import itertools
 import re
@@ -23,6 +24,7 @@ import yaml
 
 from klgrad.advantages import ShapingMethod, needs_groups
 from klgrad.kl import HeadName, Level, RatioLevel, RewardRatioLevel
+from klgrad.models.lora import LORA_TARGETS
 from klgrad.objective import Aggregation, Form
 from klgrad.rollout.mismatch import MismatchLevel
 from klgrad.rollout.samplers import Engine
@@ -45,8 +47,25 @@ class ModelConfig:
     """Llama/Qwen2/Mistral: klgrad's functional forward for rollout and shared-prompt log-probs (false: HF's)."""
     device: str = "auto"
     """Where klgrad train runs the policy and reference: auto (cuda when available, else cpu), cpu, cuda, cuda:N."""
+    lora_rank: int = 0
+    """LoRA rank r (peft; pip install 'klgrad[lora]'); 0 = full fine-tuning. With r > 0 only the adapter trains, the
+    reference is the same base weights with the adapter off (no second copy) and checkpoints hold the adapter
+    (docs/lora.md)."""
+    lora_alpha: float = 16.0
+    """LoRA α: each targeted weight W becomes W + (α/r)·B·A, i.e. the adapter's scale is α/r (> 0)."""
+    lora_targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """Projections that get an adapter in every decoder layer: any of q_proj, k_proj, v_proj, o_proj, gate_proj,
+    up_proj, down_proj (Llama/Qwen2/Mistral names; default all seven)."""
 
     def validate(self, at: str) -> None:
+        _check(self.lora_rank >= 0, at, "lora_rank", f"must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        _check(self.lora_alpha > 0, at, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        _check(len(self.lora_targets) >= 1, at, "lora_targets", "needs at least one projection")
+        unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
+        _check(not unknown, at, "lora_targets", f"{unknown} unknown: allowed are {list(LORA_TARGETS)}")
+        _check(len(set(self.lora_targets)) == len(self.lora_targets), at, "lora_targets", "lists a projection twice")
+        has_peft = self.lora_rank == 0 or importlib.util.find_spec("peft") is not None
+        _check(has_peft, at, "lora_rank", f"{self.lora_rank} needs peft (not installed): pip install 'klgrad[lora]'")
         ok = self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", self.device) is not None
         _check(ok, at, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.device.startswith("cuda"):
@@ -337,6 +356,22 @@ class Config:
             f"needs kl.beta > 0 (J_β is defined for β > 0; got {self.kl.beta}) and rollout.top_p = 1 (the "
             f"objective is of the full distribution; got {self.rollout.top_p}): set it to 0 or null",
         )
+        # LoRA: the reference is the base weights under the adapter, and vLLM syncs plain weights
+        lora = self.model.lora_rank > 0
+        _check(
+            not (lora and self.kl.reset_ref_every is not None),
+            "kl.",
+            "reset_ref_every",
+            f"must be null with model.lora_rank = {self.model.lora_rank}: a LoRA run's reference is the frozen base "
+            "weights with the adapter off, so it cannot be reset to the policy (docs/lora.md)",
+        )
+        _check(
+            not (lora and self.rollout.engine == "vllm"),
+            "rollout.",
+            "engine",
+            f"'vllm' cannot run with model.lora_rank = {self.model.lora_rank}: its weight sync loads plain weights, "
+            "not a LoRA adapter; use 'klgrad' or 'hf'",
+        )
         _check(
             b % self.algo.mini_batches == 0,
             "algo.",
@@ -550,7 +585,7 @@ def config_reference() -> str:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The string literal under each field (attribute docstrings)."""
+    """The string literal under each field (attribute docstrings), its lines joined into one."""
     src = inspect.getsource(cls)
     tree = ast.parse(src)
     body = tree.body[0].body  # type: ignore[attr-defined]
@@ -558,7 +593,7 @@ def field_docs(cls: type) -> dict[str, str]:
     for node, nxt in itertools.pairwise(body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = nxt.value.value.strip()
+                docs[node.target.id] = " ".join(nxt.value.value.split())  # one line: a table cell
     return docs
 
 

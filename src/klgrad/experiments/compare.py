@@ -93,9 +93,10 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
 
     The reference is the one the run was regularised towards at its end: the checkpoint's ``ref.safetensors``
     when the run resets its reference (``kl.reset_ref_every``; the trainer saves it then), else the starting
-    model. Both numbers are of KL(π‖π_ref) between the full distributions at the sampling temperature, so the
-    sampled estimates draw from the full policy (no top-p); ``rollout.top_p < 1`` is refused with a KL head
-    anyway (:class:`klgrad.config.Config`), and the tree KL has no notion of truncation.
+    model (a LoRA run's policy: the starting model with its final adapter merged). Both numbers are of
+    KL(π‖π_ref) between the full distributions at the sampling temperature, so the sampled estimates draw from
+    the full policy (no top-p); ``rollout.top_p < 1`` is refused with a KL head anyway
+    (:class:`klgrad.config.Config`), and the tree KL has no notion of truncation.
 
     For short answers (``rollout.max_new_tokens`` ≤ 10) with β = ``kl.beta`` > 0 (every method of a comparison
     has the grid's β, ``none`` included), ``objective`` holds the exact J_β, J* and KL(π‖π*) of the final policy
@@ -103,15 +104,20 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     one enumeration gives it and the exact KL).
     """
     from klgrad.models import load_model_and_tokenizer
+    from klgrad.models.lora import load_lora_policy
     from klgrad.rollout.encoding import encode_prompts
     from klgrad.rollout.samplers import KlgradSampler
     from klgrad.trainer.checkpoints import latest_checkpoint, load_weights
     from klgrad.trainer.evaluation import objective_on, reference_log_ratios
 
     model_dir = reference_path(cfg)
-    policy, tok = load_model_and_tokenizer(model_dir)
-    ref, _ = load_model_and_tokenizer(model_dir)
-    load_weights(latest_checkpoint(run_dir), policy, ref)  # the reference the run ended with
+    if cfg.model.lora_rank:  # a LoRA run: the base with the final adapter merged, against the base itself
+        policy, tok = load_lora_policy(run_dir, cfg)
+        ref, _ = load_model_and_tokenizer(model_dir)
+    else:
+        policy, tok = load_model_and_tokenizer(model_dir)
+        ref, _ = load_model_and_tokenizer(model_dir)
+        load_weights(latest_checkpoint(run_dir), policy, ref)  # the reference the run ended with
     policy.eval()
     ref.eval()
     _, heldout = load_data(cfg)

@@ -24,7 +24,8 @@ Shapes: P prompts of padded length L, N = P·G sampled rows, H query heads, K ke
 S = L + max_new_tokens cache slots.
 
 Supported: ``model_type`` llama, qwen2 or mistral, SiLU MLP, a RoPE whose frequencies do not change with
-length (not ``dynamic``/``longrope``), no sliding window, no q/k norms. :func:`unsupported_reason` says why
+length (not ``dynamic``/``longrope``), no sliding window, no q/k norms; plain LoRA adapters (peft) on any of the
+projections, each adding s·(x·Aᵀ)·Bᵀ (see :class:`FastForward`). :func:`unsupported_reason` says why
 a model is not; the sampler then uses the transformers forward instead.
 """
 
@@ -33,6 +34,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from klgrad.models.lora import LowRank, lora_parts, lora_unsupported_reason
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -58,7 +61,21 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     attn = inner.layers[0].self_attn
     if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
         return "q/k norms"
+    for layer in inner.layers:
+        for proj in (*_attention_projections(layer), *_mlp_projections(layer)):
+            reason = lora_unsupported_reason(proj)
+            if reason is not None:
+                return reason
     return None
+
+
+def _attention_projections(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    attn = layer.self_attn
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+
+
+def _mlp_projections(layer: torch.nn.Module) -> tuple[torch.nn.Module, ...]:
+    return layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj
 
 
 def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
@@ -68,14 +85,46 @@ def _rms(x: Tensor, norm: torch.nn.Module) -> Tensor:
     return norm.weight * xf.to(x.dtype)
 
 
-def _fuse(*linears: torch.nn.Linear) -> tuple[Tensor, Tensor | None]:
-    """Stack the weights (and biases, zeros where one has none) of linears that read the same input."""
-    weight = torch.cat([lin.weight for lin in linears], dim=0)
-    if all(lin.bias is None for lin in linears):
-        return weight, None
-    return weight, torch.cat(
-        [lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears]
-    )
+def _merged(weight: Tensor, adapters: list[LowRank]) -> Tensor:
+    """W + Σ s·B·A (O, D): the weight with its adapters folded in (``weight`` itself when it has none)."""
+    for adapter in adapters:
+        weight = weight + adapter.delta_weight(weight.dtype)
+    return weight
+
+
+class _Projection:
+    r"""y = x·Wᵀ + b for one linear projection or several that read the same input (fused along outputs), with
+    the LoRA adapters of their parts (:mod:`klgrad.models.lora`).
+
+    ``merge=True`` folds each adapter into its weight once, W + s·B·A (the projections used while the weights do
+    not change: a rollout, a no-grad log-prob pass), so each call is one plain matmul; ``merge=False`` keeps the
+    low-rank term, x·Wᵀ + b + s·(x·Aᵀ)·Bᵀ per part, differentiable w.r.t. A and B without a (O, D) weight or its
+    gradient per projection (the training forward). Without adapters both are the plain (fused) matmul.
+    """
+
+    def __init__(self, linears: tuple[torch.nn.Module, ...], merge: bool) -> None:
+        parts = [lora_parts(lin) for lin in linears]  # (W, b, adapters) of each
+        weights = [_merged(w, low) if merge else w for w, _, low in parts]
+        self.weight = weights[0] if len(weights) == 1 else torch.cat(weights, dim=0)  # (O, D)
+        self.bias = None
+        if any(b is not None for _, b, _ in parts):
+            self.bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b, _ in parts])  # (O,)
+        self.low_rank = [] if merge else [(w.shape[0], low) for w, _, low in parts]
+        if all(not low for _, low in self.low_rank):
+            self.low_rank = []
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = F.linear(x, self.weight, self.bias)  # (..., O)
+        if not self.low_rank:
+            return y
+        deltas = [sum(lr.apply(x) for lr in low) if low else None for _, low in self.low_rank]  # (..., O_i)
+        dtype = next(d.dtype for d in deltas if d is not None)  # the adapters' (float32 under peft's casting)
+        deltas = [
+            d if d is not None else y.new_zeros(*y.shape[:-1], rows, dtype=dtype)
+            for d, (rows, _) in zip(deltas, self.low_rank, strict=True)
+        ]
+        delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas, dim=-1)  # (..., O)
+        return (y + delta).to(y.dtype)  # added in the wider dtype, as peft's forward does
 
 
 def _rows(select: Tensor, x: Tensor) -> Tensor:
@@ -94,10 +143,19 @@ class FastForward:
     Use: ``dec = FastForward(model)``; ``logits = dec.prefill(ids, mask, group_size, max_new_tokens)`` gives
     (N, V) next-token logits for N = P·group_size rows (each prompt's cache copied to its G rows); then
     ``logits = dec.step(tokens)`` appends one token per row and gives the next (N, V) logits.
-    No gradients (call under ``torch.no_grad()``).
+    No gradients (call under ``torch.no_grad()``); :meth:`shared_prefix_logits` is differentiable.
+
+    LoRA (:mod:`klgrad.models.lora`). Each projection's weights are read when the decoder is made, through
+    :func:`~klgrad.models.lora.lora_parts`: a peft LoRA layer contributes its frozen base weight W and, when its
+    adapter is enabled, A and B with scale s = α/r. ``merge_adapters`` (default: True when the decoder is made
+    with gradients disabled, as every sampler and every no-grad log-prob pass does) folds them into
+    W + s·B·A once, so decoding runs the plain matmuls at the base model's per-step cost; otherwise (the training
+    forward) the low-rank term s·(x·Aᵀ)·Bᵀ is added to x·Wᵀ as peft's own forward does: gradients reach A and B,
+    and no (O, D) effective weight or its gradient is made per projection. A reference made by
+    :func:`~klgrad.models.lora.base_view` has no adapters: the base weights only.
     """
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, *, merge_adapters: bool | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"FastForward does not support this model: {reason}")
@@ -114,10 +172,14 @@ class FastForward:
         self.rope_scale = float(rotary.attention_scaling)
         # one matmul for q, k, v and one for gate, up: concatenated once per rollout (the weights of this
         # moment; a later optimizer step needs a new FastForward, which the sampler makes per call)
+        merge = not torch.is_grad_enabled() if merge_adapters is None else merge_adapters
         self.qkv = [
-            _fuse(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj) for layer in self.layers
+            _Projection((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj), merge)
+            for layer in self.layers
         ]
-        self.gate_up = [_fuse(layer.mlp.gate_proj, layer.mlp.up_proj) for layer in self.layers]
+        self.o = [_Projection((layer.self_attn.o_proj,), merge) for layer in self.layers]
+        self.gate_up = [_Projection((layer.mlp.gate_proj, layer.mlp.up_proj), merge) for layer in self.layers]
+        self.down = [_Projection((layer.mlp.down_proj,), merge) for layer in self.layers]
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos, sin (..., d) at integer positions (...,)."""
@@ -128,16 +190,15 @@ class FastForward:
     def _qkv(self, i: int, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """h (..., D) -> q (..., H, d), k (..., K, d), v (..., K, d), q and k rotated."""
         lead = h.shape[:-1]
-        qkv = F.linear(h, *self.qkv[i]).view(*lead, self.n_heads + 2 * self.n_kv, self.head_dim)
+        qkv = self.qkv[i](h).view(*lead, self.n_heads + 2 * self.n_kv, self.head_dim)
         qk, v = qkv[..., : self.n_heads + self.n_kv, :], qkv[..., self.n_heads + self.n_kv :, :]
         cos, sin = cos[..., None, :], sin[..., None, :]  # broadcast over heads
         qk = qk * cos + _rotate_half(qk) * sin  # RoPE on q and k at once
         return qk[..., : self.n_heads, :], qk[..., self.n_heads :, :], v
 
     def _mlp(self, i: int, h: Tensor) -> Tensor:
-        gate, up = F.linear(h, *self.gate_up[i]).chunk(2, dim=-1)
-        down = self.layers[i].mlp.down_proj
-        return F.linear(F.silu(gate) * up, down.weight, down.bias)
+        gate, up = self.gate_up[i](h).chunk(2, dim=-1)
+        return self.down[i](F.silu(gate) * up)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
         """q (B, Q, H, d), k/v (B, K, S, d), bias (B, 1, Q, S) additive mask -> (B, Q, H·d)."""
@@ -201,16 +262,15 @@ class FastForward:
             bias_s = bias_s.masked_fill(~seen, float("-inf"))[:, None]  # (N, 1, m, L + m)
             x_s = F.embedding(responses[:, :m], self.inner.embed_tokens.weight)  # (N, m, D)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
             q, k, v = self._qkv(i, _rms(x_p, layer.input_layernorm), cos_p, sin_p)  # (U, L, ·, d)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (U, K, L, d) this layer's prompt keys/values
-            x_p = x_p + F.linear(self._attend(q, k, v, bias_p), attn.o_proj.weight, attn.o_proj.bias)
+            x_p = x_p + self.o[i](self._attend(q, k, v, bias_p))
             x_p = x_p + self._mlp(i, _rms(x_p, layer.post_attention_layernorm))
             if m > 0:
                 qs, ks, vs = self._qkv(i, _rms(x_s, layer.input_layernorm), cos_s, sin_s)  # (N, m, ·, d)
                 k_all = torch.cat([_rows(select, k), ks.transpose(1, 2)], dim=2)  # (N, K, L + m, d)
                 v_all = torch.cat([_rows(select, v), vs.transpose(1, 2)], dim=2)
-                x_s = x_s + F.linear(self._attend(qs, k_all, v_all, bias_s), attn.o_proj.weight, attn.o_proj.bias)
+                x_s = x_s + self.o[i](self._attend(qs, k_all, v_all, bias_s))
                 x_s = x_s + self._mlp(i, _rms(x_s, layer.post_attention_layernorm))
         first = _rows(select, self._logits(x_p[:, -1]))[:, None]  # (N, 1, V)
         return torch.cat([first, self._logits(x_s)], dim=1) if m > 0 else first  # (N, T, V)
@@ -231,12 +291,11 @@ class FastForward:
         self.v_cache = torch.zeros_like(self.k_cache)
         x = F.embedding(prompt_ids, self.inner.embed_tokens.weight)  # (P, L, D)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
             q, k, v = self._qkv(i, _rms(x, layer.input_layernorm), cos, sin)  # (P, L, ·, d)
             k, v = k.transpose(1, 2), v.transpose(1, 2)  # (P, K, L, d)
             self.k_cache[i, :, :, :length] = k.repeat_interleave(g, dim=0)
             self.v_cache[i, :, :, :length] = v.repeat_interleave(g, dim=0)
-            x = x + F.linear(self._attend(q, k, v, bias), attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self.o[i](self._attend(q, k, v, bias))
             x = x + self._mlp(i, _rms(x, layer.post_attention_layernorm))
         self.bias = torch.full((n, slots), float("-inf"), dtype=dtype, device=device)  # (N, S) additive mask
         self.bias[:, :length].masked_fill_(mask.repeat_interleave(g, dim=0), 0.0)
@@ -265,12 +324,11 @@ class FastForward:
         cos, sin = self._rope(self.next_pos, dtype)  # (R, d)
         x = F.embedding(tokens, self.inner.embed_tokens.weight)  # (R, D)
         for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
             q, k, v = self._qkv(i, _rms(x, layer.input_layernorm), cos, sin)  # (R, ·, d)
             self.k_cache[i, :, :, s] = k
             self.v_cache[i, :, :, s] = v
             out = self._attend(q[:, None], self.k_cache[i, :, :, : s + 1], self.v_cache[i, :, :, : s + 1], bias)
-            x = x + F.linear(out[:, 0], attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self.o[i](out[:, 0])
             x = x + self._mlp(i, _rms(x, layer.post_attention_layernorm))
         self.filled = s + 1
         self.next_pos = self.next_pos + 1

@@ -1,9 +1,11 @@
 """Checkpoints: atomic (temporary folder, checksums written last, rename) and verified on load.
 
-A checkpoint folder ``checkpoints/step_NNNNNN`` holds ``policy.safetensors``, ``ref.safetensors`` (only when the
-reference is reset during the run), ``optim.pt`` (AdamW and scheduler state, torch RNG: tensors and plain
-containers only), ``state.json`` (step, β, config) and ``checksums.json`` (sha256 of each file; its presence
-means the folder is complete). ``checkpoints/latest`` names the newest one, a hint for people only.
+A checkpoint folder ``checkpoints/step_NNNNNN`` holds ``policy.safetensors`` (a LoRA run, ``model.lora_rank`` >
+0: ``adapter.safetensors``, the adapter's A and B only, since the base weights are the starting model's),
+``ref.safetensors`` (only when the reference is reset during the run), ``optim.pt`` (AdamW and scheduler state,
+torch RNG: tensors and plain containers only), ``state.json`` (step, β, config) and ``checksums.json`` (sha256 of
+each file; its presence means the folder is complete). ``checkpoints/latest`` names the newest one, a hint for
+people only.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from klgrad.config import Config, to_dict
+from klgrad.models.lora import ADAPTER_FILE, load_adapter, save_adapter
 from klgrad.trainer.faults import fault
 
 
@@ -42,7 +45,8 @@ def checkpoint_is_valid(path: Path) -> bool:
 def save_checkpoint(
     run_dir: Path, step: int, policy, ref, optimizer, scheduler, beta: float, cfg: Config, save_ref: bool
 ) -> Path:
-    """Write ``run_dir/checkpoints/step_{step}`` atomically and point ``latest`` at it; returns its path."""
+    """Write ``run_dir/checkpoints/step_{step}`` atomically and point ``latest`` at it; returns its path. A LoRA
+    run (``cfg.model.lora_rank`` > 0) writes the adapter (``adapter.safetensors``) instead of the whole policy."""
     ckpt_root = run_dir / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
@@ -50,7 +54,10 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_model(policy, str(tmp / "policy.safetensors"))
+    if cfg.model.lora_rank:
+        save_adapter(policy, tmp / ADAPTER_FILE)
+    else:
+        save_model(policy, str(tmp / "policy.safetensors"))
     fault("checkpoint_file", step)
     if save_ref:
         save_model(ref, str(tmp / "ref.safetensors"))
@@ -94,8 +101,12 @@ def load_policy_weights(path: Path, policy) -> None:
 
 def load_weights(path: Path, policy, ref) -> None:
     """The checkpoint's policy into ``policy``, and its reference into ``ref`` when the run reset its reference
-    (``kl.reset_ref_every``: the reference in force at that step; otherwise ``ref`` stays the starting model)."""
-    load_policy_weights(path, policy)
+    (``kl.reset_ref_every``: the reference in force at that step; otherwise ``ref`` stays the starting model).
+    A LoRA checkpoint's adapter goes into ``policy``'s adapter (it must have one of the same rank and targets)."""
+    if (path / ADAPTER_FILE).is_file():
+        load_adapter(policy, path / ADAPTER_FILE)
+    else:
+        load_policy_weights(path, policy)
     if (path / "ref.safetensors").is_file():
         load_model(ref, str(path / "ref.safetensors"))
 

@@ -18,6 +18,7 @@ from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
 from klgrad.distributed import Dist
 from klgrad.models import disable_dropout, load_model_and_tokenizer
+from klgrad.models.lora import apply_lora, base_view, trainable_parameters
 from klgrad.rewards import RewardSpec
 from klgrad.rollout.samplers import Sampler, make_sampler
 from klgrad.schedule import lr_factor
@@ -91,9 +92,11 @@ class Run:
     dist: Dist
     run_dir: Path
     policy: torch.nn.Module
-    """The trained model (plain: rollout, no-grad passes, checkpoints)."""
+    """The trained model (plain: rollout, no-grad passes, checkpoints); under LoRA the transformers model with
+    peft's adapted layers in place."""
     ref: torch.nn.Module
-    """The reference π_ref (frozen; reloaded from the policy every ``kl.reset_ref_every`` steps)."""
+    """The reference π_ref (frozen; reloaded from the policy every ``kl.reset_ref_every`` steps). Under LoRA the
+    policy's base weights with the adapter off (:func:`~klgrad.models.lora.base_view`)."""
     tokenizer: object
     sampler: Sampler
     logprob_fn: LogprobFn
@@ -122,24 +125,37 @@ class Run:
 
 
 def load_policy_and_reference(cfg: Config, model_dir: Path, device: torch.device):
-    """(policy, reference, tokenizer): two copies of the starting model, dropout off in both (every log-prob
-    klgrad compares, behaviour, current and reference, must be of one deterministic policy, in train mode or
-    eval mode, with the fast forward or transformers'); the reference frozen."""
+    """(policy, reference, tokenizer), dropout off in both (every log-prob klgrad compares, behaviour, current
+    and reference, must be of one deterministic policy, in train mode or eval mode, with the fast forward or
+    transformers'); the reference frozen.
+
+    Full fine-tuning (``model.lora_rank`` = 0): two copies of the starting model. LoRA: the starting model with a
+    peft adapter on ``model.lora_targets`` (A drawn from a generator seeded with ``train.seed``, B = 0, so the
+    policy starts equal to the reference; only A and B train), and as the reference
+    :func:`~klgrad.models.lora.base_view`: the same base tensors with the adapter off, no second copy.
+    """
     attn = None if cfg.model.attn_implementation == "auto" else cfg.model.attn_implementation
     load = dict(dtype=cfg.model.dtype, attn_implementation=attn, device=device)
     policy, tokenizer = load_model_and_tokenizer(model_dir, **load)
-    ref, _ = load_model_and_tokenizer(model_dir, **load)
-    disable_dropout(policy)
-    disable_dropout(ref)
+    if cfg.model.lora_rank:
+        disable_dropout(policy)
+        m = cfg.model
+        policy = apply_lora(policy, m.lora_rank, m.lora_alpha, m.lora_targets, seed=cfg.train.seed).get_base_model()
+        ref = base_view(policy)
+    else:
+        ref, _ = load_model_and_tokenizer(model_dir, **load)
+        disable_dropout(policy)
+        disable_dropout(ref)
     ref.eval().requires_grad_(False)
     policy.train()
     return policy, ref, tokenizer
 
 
 def make_optimizer(cfg: Config, policy: torch.nn.Module):
-    """AdamW and its learning-rate schedule, stepped once per optimizer update (``lr_factor`` of the step)."""
+    """AdamW over the policy's trainable parameters (all of them, or a LoRA adapter's A and B) and its
+    learning-rate schedule, stepped once per optimizer update (``lr_factor`` of the step)."""
     optimizer = torch.optim.AdamW(
-        policy.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
+        trainable_parameters(policy), lr=cfg.optim.lr, betas=cfg.optim.betas, weight_decay=cfg.optim.weight_decay
     )
     updates_per_step = cfg.algo.ppo_epochs * cfg.algo.mini_batches
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -157,7 +173,7 @@ def resume_or_create(run_dir: Path, dist: Dist, resume: bool, policy, ref, optim
     if resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is not None:
-            start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)
+            start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)  # a LoRA run: adapter only
         dist.barrier()  # every rank has read the checkpoint before rank 0 writes anything
         if dist.is_main:
             if ckpt is not None:
