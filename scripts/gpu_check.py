@@ -317,8 +317,15 @@ def step_train(ctx: Context) -> str:
 
 
 def step_train_lora(ctx: Context) -> str:
-    """LoRA (``model.lora_rank`` 16): 20 steps (``--small``: 2)."""
-    return _train(ctx, "train_lora", TRAIN_STEPS[ctx.small], ["--model.lora_rank", "16", "--model.lora_alpha", "32"])
+    """LoRA (``model.lora_rank`` 16): 20 steps (``--small``: 2); its checkpoint must hold the adapter, not the
+    policy's weights."""
+    steps = TRAIN_STEPS[ctx.small]
+    summary = _train(ctx, "train_lora", steps, ["--model.lora_rank", "16", "--model.lora_alpha", "32"])
+    ckpt = ctx.run_dir("train_lora") / "checkpoints" / f"step_{steps:06d}"
+    files = sorted(f.name for f in ckpt.iterdir()) if ckpt.is_dir() else []
+    if "adapter.safetensors" not in files or "policy.safetensors" in files:
+        raise Fail(f"{ckpt}: expected adapter.safetensors and no policy.safetensors, found {files}")
+    return summary + ", adapter-only checkpoint"
 
 
 def write_benchmark(path: Path, n: int) -> Path:
@@ -333,20 +340,37 @@ def write_benchmark(path: Path, n: int) -> Path:
     return path
 
 
+EVAL_KEYS = ("n", "k", "greedy_accuracy", "pass@1", "pass@k", "mean_length")
+
+
 def step_eval(ctx: Context) -> str:
-    """``klgrad eval`` of the trained run and the base model on 64 addition prompts (``--small``: 8)."""
-    bench = write_benchmark(ctx.out / "bench" / "addition.jsonl", 8 if ctx.small else 64)
+    """``klgrad eval`` of the base model and the trained runs (the LoRA run too when it finished) on 64 addition
+    prompts (``--small``: 8), K = 4 samples of at most 16 tokens: every model's row in ``eval.json`` with every
+    key, n = the prompts."""
+    n = 8 if ctx.small else 64
+    bench = write_benchmark(ctx.out / "bench" / "addition.jsonl", n)
     out = ctx.out / "eval"
-    args = ["eval", "--model", str(ctx.run_dir("train")), "--model", str(ctx.model_dir), "--data", str(bench)]
-    args += ["--samples", "4", "--temperature", "1.0", "--out", str(out), "--device", ctx.device]
+    models = {"base": ctx.model_dir, "full": ctx.run_dir("train")}
+    if (ctx.run_dir("train_lora") / "checkpoints").is_dir():
+        models["lora"] = ctx.run_dir("train_lora")
+    args = ["eval", *(x for label, path in models.items() for x in ("--model", f"{label}={path}"))]
+    args += ["--data", str(bench), "--samples", "4", "--temperature", "1.0", "--out", str(out), "--device", ctx.device]
+    args += ["--max-new-tokens", "16"]  # a random model rarely ends: responses run to the cap
     code, tail = run_measured(ctx, ["-m", "klgrad"], args)
     if code != 0:
         raise Fail(f"exit {code}: {_last_line(tail)}")
     report = out / "eval.json"
-    if not report.is_file():
-        raise Fail(f"exit 0 but no {report}")
-    data = json.loads(report.read_text())
-    return f"eval.json: {', '.join(list(data)[:6]) if isinstance(data, dict) else type(data).__name__}"
+    if not report.is_file() or not (out / "results.md").is_file():
+        raise Fail(f"exit 0 but no {report} or results.md")
+    rows = json.loads(report.read_text()).get("models", {})
+    if sorted(rows) != sorted(models):
+        raise Fail(f"eval.json models {sorted(rows)}, expected {sorted(models)}")
+    for label, row in rows.items():
+        got = row.get("benchmarks", {}).get("addition", {})
+        absent = [k for k in EVAL_KEYS if k not in got]
+        if absent or got["n"] != n:
+            raise Fail(f"eval.json {label}: missing {absent} or n = {got.get('n')} (expected {n})")
+    return ", ".join(f"{label} greedy {rows[label]['benchmarks']['addition']['greedy_accuracy']:.3f}" for label in rows)
 
 
 MISMATCH_KEYS = ("mismatch/weight_mean", "mismatch/weight_max", "mismatch/capped_frac")

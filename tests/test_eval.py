@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import types
 from fractions import Fraction
 from pathlib import Path
@@ -24,7 +23,7 @@ from klgrad.eval.passk import mean_pass_at_k, pass_at_k
 from klgrad.eval.run import DEFAULT_MAX_NEW_TOKENS, default_max_new_tokens, unique_labels
 from klgrad.models import load_model_and_tokenizer
 from klgrad.rollout.vllm_engine import vllm_unavailable_reason
-from klgrad.trainer.checkpoints import save_checkpoint, sha256
+from klgrad.trainer.checkpoints import save_checkpoint
 from klgrad.trainer.setup import EMBEDDED_DIR
 
 # --------------------------------------------------------------------------------------------------------------
@@ -326,36 +325,6 @@ def test_a_run_without_a_valid_checkpoint_is_refused(tmp_path):
     (run / "config.yaml").write_text(yaml.safe_dump(to_dict(Config())))
     with pytest.raises(ValueError, match="without a valid checkpoint"):
         locate_model(str(run))
-
-
-def _lora_checkpoint(tmp_path: Path) -> Path:
-    run, _ = _make_run(tmp_path, noise=0.0)
-    ckpt = run / "checkpoints" / "step_000003"
-    (ckpt / "policy.safetensors").rename(ckpt / "adapter.safetensors")
-    sums = {f.name: sha256(f) for f in sorted(ckpt.iterdir()) if f.name != "checksums.json"}
-    (ckpt / "checksums.json").write_text(json.dumps(sums))
-    return run
-
-
-def test_a_lora_checkpoint_without_lora_support_is_refused(tmp_path, monkeypatch):
-    run = _lora_checkpoint(tmp_path)
-    monkeypatch.setitem(sys.modules, "klgrad.models.lora", None)  # import fails, whatever this checkout holds
-    with pytest.raises(ValueError, match="LoRA checkpoint"):
-        load_eval_model(str(run), device=torch.device("cpu"))
-
-
-def test_a_lora_checkpoint_goes_to_load_lora_policy(tmp_path, monkeypatch):
-    run = _lora_checkpoint(tmp_path)
-    calls = []
-
-    def load_lora_policy(checkpoint_dir, cfg):
-        calls.append((checkpoint_dir, cfg.model.path))
-        return load_model_and_tokenizer(EMBEDDED_DIR / "tiny_scratchpad")
-
-    monkeypatch.setitem(sys.modules, "klgrad.models.lora", types.SimpleNamespace(load_lora_policy=load_lora_policy))
-    m = load_eval_model(str(run), device=torch.device("cpu"))
-    assert calls == [(run / "checkpoints" / "step_000003", None)]
-    assert m.label == "run@step_000003"
 
 
 def test_default_response_cap_fits_the_context():

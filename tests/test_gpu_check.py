@@ -285,9 +285,8 @@ def test_bad_invocations_exit_2(tmp_path):
 # ----------------------------------------------------------------------------------------------------------
 # the CPU dry mode, end to end
 
-DRY_STEPS = ("gpu_tests", "make_model", "train", "vllm")
-"""The steps the dry run covers with what main has today. train_lora (model.lora_rank) and eval (klgrad eval)
-join this tuple, and the assertions below, once those features are merged."""
+DRY_STEPS = ("gpu_tests", "make_model", "train", "train_lora", "eval", "vllm")
+"""Every step of the check: on CPU the GPU tests and vLLM skip, the rest run on a tiny random Qwen2."""
 
 
 @pytest.mark.slow
@@ -310,6 +309,10 @@ def test_cpu_dry_mode_end_to_end(tmp_path):
     assert rows["train"]["status"] == "pass"
     assert rows["train"]["detail"].startswith("2 steps, ")
     assert rows["train"]["command"].startswith("python -m klgrad train --config configs/tiny_add.yaml")
+    assert rows["train_lora"]["status"] == "pass", rows["train_lora"]
+    assert rows["train_lora"]["detail"].endswith("adapter-only checkpoint")
+    assert rows["eval"]["status"] == "pass", rows["eval"]
+    assert [x.split(" greedy ")[0] for x in rows["eval"]["detail"].split(", ")] == ["base", "full", "lora"]
     assert rows["vllm"]["status"] == "skipped"
     assert rows["vllm"]["detail"] in ("vllm not installed", "vllm needs a CUDA GPU (--device cpu)")
     assert all(s["peak_gpu_bytes"] is None for s in data["steps"])  # nothing touched CUDA

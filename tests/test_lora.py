@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from klgrad.config import ConfigError, load_config
+from klgrad.data import make_splits
 from klgrad.logprobs import _shared_prompt_logits, sequence_logprobs
 from klgrad.models import load_model_and_tokenizer
 from klgrad.models.fast_forward import FastForward, unsupported_reason
@@ -332,3 +333,18 @@ def test_lora_run_raises_heldout_greedy_accuracy(tmp_path):
     before, after = evals[0]["eval/greedy_accuracy"], evals[-1]["eval/greedy_accuracy"]
     assert before == pytest.approx(0.65)
     assert after - before >= 0.05, (before, after)
+    # klgrad eval on the run directory (base + the last checkpoint's adapter, merged) scores the same held-out
+    # problems as the run's own evaluation did (adapter-aware fast forward): equal up to a greedy near-tie,
+    # where the two forwards' float rounding (merged weights vs the low-rank term) may pick the other token
+    cfg = load_config(CONFIG)
+    _, heldout = make_splits(cfg.data.task, cfg.data.n_train, cfg.data.n_eval, cfg.data.seed, cfg.data.digits)
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in heldout))
+    try:
+        argv = ["eval", "--model", str(out), "--data", str(data), "--samples", "1", "--max-new-tokens"]
+        assert main([*argv, str(cfg.rollout.max_new_tokens), "--device", "cpu", "--out", str(tmp_path / "ev")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    scored = json.loads((tmp_path / "ev" / "eval.json").read_text())["benchmarks"]["heldout"]
+    assert scored["n"] == len(heldout) == 200
+    assert abs(scored["greedy_accuracy"] - after) <= 1 / 200, (scored["greedy_accuracy"], after)

@@ -96,21 +96,16 @@ def load_checkpoint_policy(run_dir: Path, ckpt: Path, *, device: torch.device, d
     """(model, tokenizer, base model folder) of a run's checkpoint: the run's starting model
     (:func:`~klgrad.trainer.setup.reference_path` of its config) with the checkpoint's weights over it.
 
-    A LoRA checkpoint (``adapter.safetensors`` instead of ``policy.safetensors``) goes to
-    ``klgrad.models.lora.load_lora_policy(checkpoint, cfg)``; without that module it is refused.
+    A LoRA checkpoint (``adapter.safetensors`` instead of ``policy.safetensors``) loads through
+    :func:`klgrad.models.lora.load_lora_policy`: the base with the adapter merged into its weights.
     """
     cfg = run_config(run_dir)
     base = reference_path(cfg)
     if (ckpt / "adapter.safetensors").is_file():
-        try:
-            from klgrad.models.lora import load_lora_policy
-        except ImportError as e:
-            raise ValueError(
-                f"--model {ckpt}: a LoRA checkpoint (adapter.safetensors), and this klgrad cannot load LoRA "
-                f"adapters (klgrad.models.lora: {e})"
-            ) from e
-        model, tokenizer = load_lora_policy(ckpt, cfg)
-        return model.to(device).eval(), tokenizer, base
+        from klgrad.models.lora import load_lora_policy
+
+        model, tokenizer = load_lora_policy(ckpt, cfg, device=device)
+        return model.eval(), tokenizer, base
     if not (ckpt / "policy.safetensors").is_file():
         raise ValueError(f"--model {ckpt}: checkpoint without policy.safetensors or adapter.safetensors")
     model, tokenizer = load_model_and_tokenizer(base, dtype=dtype, device=device)
