@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from klgrad.rewards.accuracy import gold_as_math
+
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CHOICE_INSTRUCTION = "Answer with the letter of the correct option within \\boxed{}, e.g. \\boxed{A}."
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -76,15 +78,14 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
 
 def gold(answer: Any) -> str:
     """An answer as klgrad's Math-Verify reward reads it as written: integral floats lose ``.0``; plain numbers
-    stay; text already holding ``$`` or ``\\boxed`` stays; anything else is wrapped in ``$...$``."""
+    stay; anything else as :func:`klgrad.rewards.accuracy.gold_as_math` writes it (``$...$`` unless it already
+    holds a ``$`` delimiter or ``\\boxed``)."""
     if isinstance(answer, float) and answer.is_integer():
         answer = int(answer)
     text = str(answer).strip()
     if not text:
         raise ValueError("empty answer")
-    if _NUMBER.fullmatch(text) or "$" in text or "\\boxed" in text:
-        return text
-    return f"${text}$"
+    return text if _NUMBER.fullmatch(text) else gold_as_math(text)
 
 
 def last_boxed(text: str) -> str | None:

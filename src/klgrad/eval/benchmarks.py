@@ -16,6 +16,7 @@ from torch import Tensor
 
 from klgrad.data import Example, load_examples
 from klgrad.rewards import accuracy_reward
+from klgrad.rewards.accuracy import gold_as_math
 from klgrad.rollout.encoding import encode_prompts, left_pad
 
 
@@ -57,15 +58,9 @@ def load_benchmarks(
     return out
 
 
-def as_latex_math(answer: str) -> str:
-    """``answer`` as a response would state it in LaTeX math: unchanged when it already holds ``$`` or
-    ``\\boxed``, else wrapped in ``$...$``."""
-    return answer if "$" in answer or "\\boxed" in answer else f"${answer}$"
-
-
 def misread_answers(examples: list[Example]) -> list[Example]:
     """Problems whose answer Math-Verify does not read as written: a response stating exactly that answer in
-    LaTeX math (:func:`as_latex_math`) does not score 1 against it.
+    LaTeX math (:func:`~klgrad.rewards.accuracy.gold_as_math`) does not score 1 against it.
 
     The accuracy reward wraps a bare gold answer in ``$...$`` before parsing
     (:func:`klgrad.rewards.accuracy.gold_as_math`), so ``\\sqrt{2}`` and ``1, 2`` read as written; what remains
@@ -73,7 +68,7 @@ def misread_answers(examples: list[Example]) -> list[Example]:
     Such rows are scored wrongly: no response can match them.
     """
     ok = accuracy_reward(
-        [e.prompt for e in examples], [as_latex_math(e.answer) for e in examples], answer=[e.answer for e in examples]
+        [e.prompt for e in examples], [gold_as_math(e.answer) for e in examples], answer=[e.answer for e in examples]
     )
     return [e for e, v in zip(examples, ok, strict=True) if v != 1.0]
 
