@@ -4,25 +4,34 @@ fields typed by their modules' Literals, and the config fuzzing that docs/reliab
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import math
 import re
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+import klgrad
 from case_counts import CASES, report_counts
 from klgrad.advantages import SHAPING_METHODS, ShapingMethod
 from klgrad.config import (
     AlgoConfig,
     Config,
     ConfigError,
+    ConfigLoader,
     KLConfig,
     config_reference,
+    dump_yaml,
     load_config,
+    load_yaml,
     parse_override_args,
+    parse_value,
+    resolve_config_path,
     to_dict,
 )
 from klgrad.kl import KL_HEADS, HeadName, Level, RatioLevel, RewardRatioLevel
@@ -445,19 +454,125 @@ def _report_case_counts():
 
 def test_shipped_configs_load_from_any_working_directory(tmp_path, monkeypatch):
     """``klgrad compare``'s default ``configs/tiny_add.yaml`` is relative: outside the repository it is found in
-    the klgrad checkout; a path that exists nowhere still fails naming it."""
-    from klgrad.config import CHECKOUT_ROOT, ConfigError
-
+    the installed package (``klgrad/configs/``); a path that exists nowhere still fails naming it."""
     here = load_config("configs/tiny_scratchpad.yaml")
     monkeypatch.chdir(tmp_path)
     assert load_config("configs/tiny_scratchpad.yaml") == here
+    assert load_config("tiny_scratchpad.yaml") == here
     assert here.rollout.max_new_tokens == 32  # the scratchpad config, not the defaults
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "tiny_scratchpad.yaml").write_text("rollout:\n  max_new_tokens: 5\n")
     assert load_config("configs/tiny_scratchpad.yaml").rollout.max_new_tokens == 5  # the working directory wins
     with pytest.raises(ConfigError, match=r"configs/nope\.yaml"):
         load_config("configs/nope.yaml")
-    assert (CHECKOUT_ROOT / "configs" / "tiny_add.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["configs/tiny_add.yaml", "tiny_add.yaml", "configs/accelerate/ddp_cpu.yaml", "accelerate/fsdp_gpu.yaml"],
+)
+def test_relative_config_paths_resolve_into_the_package(name, tmp_path, monkeypatch):
+    """From a directory without them, ``configs/<name>`` and plain ``<name>`` are the package's own files
+    (``importlib.resources``: the same in a checkout, an editable install and a wheel)."""
+    package = Path(str(importlib.resources.files("klgrad"))).resolve()
+    monkeypatch.chdir(tmp_path)
+    p = resolve_config_path(name)
+    assert p.is_file()
+    assert p.resolve().is_relative_to(package / "configs"), p
+    assert p.name == Path(name).name
+
+
+@pytest.mark.parametrize("name", ["configs/nope.yaml", "nope.yaml", "configs", "__init__.py", "../config.py"])
+def test_unknown_relative_config_paths_are_returned_unchanged(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config_path(name) == Path(name)
+
+
+YAML12_FLOATS = ["1e-6", "5e-7", "1E-4", "+1e-3", "1e+3", ".5", "-2.5E-3", "-.5", "1.0e6", "2.", "0.25"]
+
+
+@pytest.mark.parametrize("text", YAML12_FLOATS)
+def test_numbers_as_users_write_them_are_floats_in_files_and_overrides(text, tmp_path):
+    """YAML 1.1 (PyYAML) reads ``1e-6`` as a string; config YAML reads it, and every YAML 1.2 float, as the
+    exact float Python reads."""
+    assert parse_value(text) == float(text)
+    assert type(parse_value(text)) is float
+    p = tmp_path / "c.yaml"
+    p.write_text(f"reward:\n  failure_value: {text}\n")
+    cfg = load_config(p, parse_override_args(["--reward.timeout_s", text.lstrip("+-")]))
+    assert cfg.reward.failure_value == float(text)
+    assert cfg.reward.timeout_s == float(text.lstrip("+-"))
+
+
+def test_learning_rates_as_users_write_them(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("optim:\n  lr: 5e-7\n")
+    assert load_config(p).optim.lr == 5e-7
+    assert load_config(p, parse_override_args(["--optim.lr", "1e-6"])).optim.lr == 1e-6
+    assert load_config(p, parse_override_args(["--optim.lr=1E-4"])).optim.lr == 1e-4
+    assert load_config(p, parse_override_args(["--optim.betas", "[9e-1, 9.99E-1]"])).optim.betas == (0.9, 0.999)
+
+
+@pytest.mark.parametrize(("text", "value"), [("12", 12), ("-3", -3), ("0", 0), ("1_000", 1000)])
+def test_integers_stay_integers(text, value, tmp_path):
+    assert parse_value(text) == value
+    assert type(parse_value(text)) is int
+    p = tmp_path / "c.yaml"
+    p.write_text(f"train:\n  seed: {text}\n")
+    assert load_config(p).train.seed == value
+
+
+@pytest.mark.parametrize("text", ["1e-6", "1e3", "2.5"])
+def test_a_float_for_an_integer_field_fails_naming_it(text, tmp_path):
+    with pytest.raises(ConfigError, match=r"^train\.steps must be an integer"):
+        load_config(overrides=parse_override_args(["--train.steps", text]))
+    p = tmp_path / "c.yaml"
+    p.write_text(f"train:\n  steps: {text}\n")
+    with pytest.raises(ConfigError, match=r"^train\.steps must be an integer"):
+        load_config(p)
+
+
+@pytest.mark.parametrize("text", ["1e-6", "1.10", "5e-7", ".5"])
+def test_quoted_numbers_stay_text_in_string_fields(text, tmp_path):
+    """A string field keeps a quoted number's spelling through the file, the override round trip and a run's
+    saved config.yaml (:func:`dump_yaml` quotes what :func:`load_yaml` would read as a number)."""
+    p = tmp_path / "c.yaml"
+    p.write_text(f"model:\n  path: '{text}'\ndata:\n  prompt_column: \"{text}\"\n")
+    cfg = load_config(p, parse_override_args(["--train.out_dir", f"'{text}'"]))
+    assert (cfg.model.path, cfg.data.prompt_column, cfg.train.out_dir) == (text, text, text)
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(dump_yaml(to_dict(cfg)))
+    assert load_config(saved) == cfg
+    assert load_yaml(dump_yaml({"x": text})) == {"x": text}
+
+
+def test_an_unquoted_number_for_a_string_field_fails_naming_it():
+    """Not converted back: ``1e-6`` is a number in config YAML, as ``0.5`` always was; the message says to quote."""
+    with pytest.raises(ConfigError, match=r"^model\.path must be a string, got 1e-06 .*quote it"):
+        load_config(overrides=parse_override_args(["--model.path", "1e-6"]))
+
+
+@pytest.mark.parametrize("text", ["nan", ".nan", "NaN", "inf", ".inf", "-.inf", "+.inf", "1e999", "-1e999"])
+def test_non_finite_numbers_are_still_refused(text, tmp_path):
+    with pytest.raises(ConfigError, match=r"^optim\.lr must be"):
+        load_config(overrides=parse_override_args(["--optim.lr", text]))
+    p = tmp_path / "c.yaml"
+    p.write_text(f"optim:\n  lr: {text}\n")
+    with pytest.raises(ConfigError, match=r"^optim\.lr must be"):
+        load_config(p)
+
+
+def test_config_yaml_is_read_with_one_safe_loader_everywhere():
+    """No module of klgrad reads YAML with anything but :func:`klgrad.config.load_yaml` (its own loader)."""
+    src = Path(klgrad.__file__).parent
+    readers = [
+        f"{path.relative_to(src)}: {line.strip()}"
+        for path in sorted(src.rglob("*.py"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if re.search(r"\byaml\.(safe_load|load|full_load|unsafe_load|load_all|safe_load_all)\(", line)
+    ]
+    assert readers == ["config.py: return yaml.load(text, Loader=ConfigLoader)  # safe: ConfigLoader is a SafeLoader"]
+    assert issubclass(ConfigLoader, yaml.SafeLoader)
 
 
 @pytest.mark.parametrize("method", SHAPING_METHODS)

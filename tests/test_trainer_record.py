@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from klgrad.config import load_config
+from klgrad.config import load_config, to_dict
 from klgrad.objective import ObjectiveSpec
 from klgrad.rewards import RewardResult
 from klgrad.trainer.record import (
@@ -19,6 +22,8 @@ from klgrad.trainer.record import (
     read_jsonl,
     step_record,
     summarize,
+    wandb_init_kwargs,
+    write_run_files,
 )
 from klgrad.trainer.update import UpdateStats
 
@@ -108,3 +113,53 @@ def test_summary_is_first_and_last_evaluation_and_the_last_ten_steps():
     assert summary["last10_mean"]["kl/k1"] == 1.0  # a missing (non-finite) value is left out, not counted 0
     assert math.isclose(summary["mean_step_time_s"], 0.5)
     json.dumps(summary)
+
+
+WANDB_ENV = {
+    "WANDB_PROJECT": "my-project",
+    "WANDB_ENTITY": "my-team",
+    "WANDB_NAME": "my-run",
+    "WANDB_RUN_GROUP": "sweep-1",
+    "WANDB_TAGS": "a,b",
+    "WANDB_MODE": "offline",
+    "WANDB_DIR": "/tmp/wandb-files",
+}
+
+
+def test_wandb_defaults_apply_only_where_the_environment_is_silent(tmp_path):
+    """An argument to ``wandb.init`` beats its environment variable, so klgrad passes its defaults (project
+    klgrad, the run directory's name and folder) only where the variable is unset or empty."""
+    cfg = load_config()
+    run_dir = tmp_path / "seed_3"
+    assert wandb_init_kwargs(cfg, run_dir, {}) == {
+        "project": "klgrad",
+        "name": "seed_3",
+        "dir": str(run_dir),
+        "config": to_dict(cfg),
+    }
+    assert wandb_init_kwargs(cfg, run_dir, WANDB_ENV) == {"config": to_dict(cfg)}  # wandb reads the rest itself
+    some = {"WANDB_PROJECT": "p", "WANDB_NAME": "", "WANDB_ENTITY": "e"}
+    assert wandb_init_kwargs(cfg, run_dir, some) == {"name": "seed_3", "dir": str(run_dir), "config": to_dict(cfg)}
+
+
+def test_train_wandb_passes_the_environment_through(tmp_path, monkeypatch):
+    """With ``train.wandb`` the run starts from :func:`wandb_init_kwargs` of the process environment (a stand-in
+    wandb module: wandb is not needed)."""
+    calls = []
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: calls.append(kwargs) or types.SimpleNamespace(finish=lambda: None)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    for key in WANDB_ENV:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("WANDB_PROJECT", "from-env")
+    cfg = load_config(None, {"train.wandb": True, "train.tensorboard": False})
+    RunRecord(cfg, tmp_path / "run", active=True).close()
+    assert calls == [{"name": "run", "dir": str(tmp_path / "run"), "config": to_dict(cfg)}]
+
+
+def test_saved_config_reads_back_identically(tmp_path):
+    """config.yaml keeps a number-like string field a string (``'1e-6'``) and floats exact, for --resume and eval."""
+    over = {"model.path": "1e-6", "data.prompt_column": "1.10", "optim.lr": 5e-7, "kl.beta": 1e-3}
+    cfg = load_config(None, over)
+    write_run_files(cfg, tmp_path, Path("model"), 1)
+    assert load_config(tmp_path / "config.yaml") == cfg

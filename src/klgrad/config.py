@@ -2,7 +2,8 @@
 
 Every field has a one-line doc (the string under it) and, where it has one, a unit. A wrong key, type or value
 fails at once with :class:`ConfigError` naming the dotted field and, for choices, the allowed values.
-YAML is read with ``yaml.safe_load`` only. :func:`config_reference` renders the schema as Markdown, so the
+YAML is read with a safe loader only (:class:`ConfigLoader`: PyYAML's ``SafeLoader`` that also reads YAML 1.2
+floats such as ``1e-6``). :func:`config_reference` renders the schema as Markdown, so the
 documentation is generated from this file and cannot drift.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.resources
 import importlib.util
 import inspect
 import itertools
@@ -447,7 +449,9 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return number
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
+            scalar = isinstance(value, int | float)  # bool included
+            hint = " (YAML read it as a number or boolean: quote it to keep it text)" if scalar else ""
+            raise ConfigError(f"{where} must be a string, got {value!r}{hint}")
         return value
     raise ConfigError(f"{where}: unsupported type {tp}")
 
@@ -483,10 +487,37 @@ def to_dict(cfg: Any) -> dict:
     return conv(cfg)
 
 
+_YAML12_FLOAT = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+\.[0-9]*|[0-9]+(?=[eE]))(?:[eE][-+]?[0-9]+)?$")
+"""The YAML 1.2 core-schema floats that YAML 1.1 reads as strings: ``1e-6``, ``5e-7``, ``1E-4``, ``1e+3``,
+``-.5``, ``1.0e6`` (a dot or an exponent; plain integers stay integers)."""
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (no Python object tags) that also reads YAML 1.2 floats (``1e-6``) as floats."""
+
+
+class ConfigDumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that quotes a string :class:`ConfigLoader` would read as a float (``'1e-6'``)."""
+
+
+ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+.0123456789"))
+ConfigDumper.add_implicit_resolver("tag:yaml.org,2002:float", _YAML12_FLOAT, list("-+.0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    """Config YAML -> Python (:class:`ConfigLoader`); raises ``yaml.YAMLError``."""
+    return yaml.load(text, Loader=ConfigLoader)  # safe: ConfigLoader is a SafeLoader
+
+
+def dump_yaml(data: Any, sort_keys: bool = False) -> str:
+    """Python -> config YAML that :func:`load_yaml` reads back unchanged (keys in insertion order unless sorted)."""
+    return yaml.dump(data, Dumper=ConfigDumper, sort_keys=sort_keys)
+
+
 def parse_value(text: str) -> Any:
-    """An override's value: YAML scalar/list syntax (``0.5``, ``null``, ``true``, ``[0.9, 0.95]``)."""
+    """An override's value: YAML scalar/list syntax (``0.5``, ``1e-6``, ``null``, ``true``, ``[0.9, 0.95]``)."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError:
         try:
             return ast.literal_eval(text)
@@ -496,7 +527,7 @@ def parse_value(text: str) -> Any:
 
 def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     """Set dotted keys (``kl.beta``) in a nested dict; unknown sections fail later in :func:`from_dict`."""
-    out = yaml.safe_load(yaml.safe_dump(data)) if data else {}
+    out = load_yaml(dump_yaml(data, sort_keys=True)) if data else {}
     for dotted, value in overrides.items():
         parts = dotted.split(".")
         node = out
@@ -509,23 +540,31 @@ def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
     return out
 
 
-CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
-"""The klgrad checkout this code runs from (the README's editable install), which holds ``configs/``."""
+def packaged_config(path: str | Path) -> Path | None:
+    """The config file shipped in the klgrad package (``klgrad/configs/``) that ``path`` names, or None:
+    ``configs/tiny_add.yaml`` and ``tiny_add.yaml`` both name ``klgrad/configs/tiny_add.yaml``."""
+    parts = Path(path).parts
+    if parts[:1] == ("configs",):
+        parts = parts[1:]
+    if not parts or ".." in parts:
+        return None
+    candidate = importlib.resources.files("klgrad").joinpath("configs", *parts)
+    return Path(str(candidate)) if candidate.is_file() else None
 
 
 def resolve_config_path(path: str | Path) -> Path:
     """``path`` itself when it exists (or is absolute); a relative path missing from the working directory is
-    looked up in the klgrad checkout, so ``configs/tiny_add.yaml`` (the default of ``klgrad compare``) works from
-    any directory. Returned unchanged when neither exists (the caller reports it)."""
+    looked up among the configs shipped in the package (:func:`packaged_config`), so ``configs/tiny_add.yaml``
+    (the default of ``klgrad compare``) works from any directory and from a wheel. Returned unchanged when
+    neither exists (the caller reports it)."""
     p = Path(path)
     if p.is_file() or p.is_absolute():
         return p
-    in_checkout = CHECKOUT_ROOT / p
-    return in_checkout if in_checkout.is_file() else p
+    return packaged_config(p) or p
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """YAML file (optional; a relative path is also looked up in the klgrad checkout, :func:`resolve_config_path`)
+    """YAML file (optional; a relative path is also looked up in the package's configs, :func:`resolve_config_path`)
     + dotted overrides -> validated :class:`Config`."""
     data: dict = {}
     if path is not None:
@@ -533,7 +572,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+            data = load_yaml(p.read_text(encoding="utf-8")) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             raise ConfigError(f"{p}: not valid YAML ({e})") from e
         if not isinstance(data, dict):

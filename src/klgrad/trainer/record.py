@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-import yaml
 from torch import Tensor
 
 from klgrad.advantages import shape_rewards
-from klgrad.config import Config, to_dict
+from klgrad.config import Config, dump_yaml, to_dict
 from klgrad.objective import ObjectiveSpec, objective_diagnostics
 from klgrad.plotting import pyplot, save
 from klgrad.rewards import RewardResult
@@ -184,7 +186,7 @@ class RunRecord:
 
 def write_run_files(cfg: Config, run_dir: Path, model_dir: Path, num_processes: int) -> None:
     """``config.yaml`` (the validated config) and ``run.json`` (git revision, model, version, processes)."""
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    (run_dir / "config.yaml").write_text(dump_yaml(to_dict(cfg)), encoding="utf-8")
     (run_dir / "run.json").write_text(
         json.dumps(
             {
@@ -222,10 +224,25 @@ def require_wandb():
     return wandb
 
 
+WANDB_DEFAULTS = {"project": "WANDB_PROJECT", "name": "WANDB_NAME", "dir": "WANDB_DIR"}
+"""The ``wandb.init`` arguments klgrad sets a default for, and the environment variable that overrides each."""
+
+
+def wandb_init_kwargs(cfg: Config, run_dir: Path, environ: Mapping[str, str]) -> dict[str, Any]:
+    """``wandb.init``'s arguments: the config, and project ``klgrad``, the run directory's name and the run
+    directory as defaults only where ``WANDB_PROJECT``, ``WANDB_NAME``, ``WANDB_DIR`` are unset (or empty): an
+    argument would override the variable, and wandb reads the environment (WANDB_ENTITY, WANDB_RUN_GROUP,
+    WANDB_TAGS, WANDB_MODE, ...) for everything not passed."""
+    defaults = {"project": "klgrad", "name": run_dir.name, "dir": str(run_dir)}
+    kwargs: dict[str, Any] = {k: v for k, v in defaults.items() if not environ.get(WANDB_DEFAULTS[k])}
+    kwargs["config"] = to_dict(cfg)
+    return kwargs
+
+
 def _wandb(cfg: Config, run_dir: Path):
-    """A W&B run when ``train.wandb`` is set (offline mode is wandb's own WANDB_MODE setting)."""
+    """A W&B run when ``train.wandb`` is set, configured by :func:`wandb_init_kwargs` and wandb's environment."""
     wandb = require_wandb()
-    return wandb.init(project="klgrad", dir=str(run_dir), config=to_dict(cfg), name=run_dir.name)
+    return wandb.init(**wandb_init_kwargs(cfg, run_dir, os.environ))
 
 
 def _tensorboard(run_dir: Path):
