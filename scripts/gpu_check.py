@@ -4,16 +4,21 @@
     python scripts/gpu_check.py --device cpu --small  # the plumbing on CPU: a tiny model, 2 steps, no vLLM
 
 Steps (docs/gpu.md): ``gpu_tests`` (``pytest -m gpu tests/test_gpu.py``), ``make_model`` (a random Qwen2 of
-~0.5B parameters), ``train`` and ``train_lora`` (20 ``klgrad train`` steps on it, without and with LoRA), ``eval``
-(``klgrad eval`` of the trained run and the base model on a generated addition benchmark), ``vllm`` (a few steps with
-``rollout.engine vllm``, only where vLLM is importable). A step that fails is a fail row, never the end of the
-check; a step whose prerequisite did not pass is skipped, naming it. Writes ``OUT/gpu_check.json`` (the table
-plus the machine: GPU, torch, CUDA, klgrad commit) and ``OUT/logs/STEP.log``; exits 1 if any step failed, 2
-when it cannot start (no CUDA GPU without ``--device cpu``, a bad argument, an output folder that is not its own).
+~0.5B parameters), ``train`` and ``train_lora`` (20 ``klgrad train`` steps on it, without and with LoRA),
+``train_accelerate`` (the same under ``accelerate launch`` with one process), ``train_ddp`` (``accelerate launch
+--multi_gpu`` with 2 processes, one GPU each; only where torch sees 2 GPUs), ``eval`` (``klgrad eval`` of the
+trained run and the base model on a generated addition benchmark), ``vllm`` (a few steps with ``rollout.engine
+vllm``, only where vLLM is importable). In the ``--device cpu`` dry mode the accelerate steps launch the same
+runs on the CPU (one process with ``--cpu``; 2 processes of CPU DDP over gloo). A step that fails is a fail row,
+never the end of the check; a step whose prerequisite did not pass is skipped, naming it. Writes
+``OUT/gpu_check.json`` (the table plus the machine: GPU, torch, CUDA, klgrad commit) and ``OUT/logs/STEP.log``;
+exits 1 if any step failed, 2 when it cannot start (no CUDA GPU without ``--device cpu``, a bad argument, an
+output folder that is not its own).
 
 Peak GPU memory is ``torch.cuda.max_memory_allocated`` over the step: commands run under this script's
-``--measure FILE`` wrapper (the command in-process, the peak written to FILE at exit); in-process steps reset
-the counter first. It counts what torch's allocator handed out, not the CUDA context or other processes.
+``--measure FILE`` wrapper (the command in-process, the peak written to FILE at exit; under ``accelerate launch``
+the wrapper is the launched script, and rank 0's peak is the one written); in-process steps reset the counter
+first. It counts what torch's allocator handed out, not the CUDA context or other processes.
 
 Only the standard library is imported at the top: ``--requirements`` and ``--missing`` (used by
 scripts/fill_wheelhouse.sh and scripts/gpu_check.sh before anything is installed) need no torch.
@@ -32,6 +37,7 @@ import platform
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -168,9 +174,13 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_measured(ctx: Context, target: list[str], args: list[str]) -> tuple[int, str]:
+def run_measured(
+    ctx: Context, target: list[str], args: list[str], launcher: list[str] | None = None
+) -> tuple[int, str]:
     """``python TARGET ARGS`` (``target``: ``["-m", "klgrad"]`` or ``["scripts/x.py"]``, run in the checkout) under
-    the peak-memory wrapper, its output in the step's log; sets ``ctx.command`` and ``ctx.peak``.
+    the peak-memory wrapper, its output in the step's log; sets ``ctx.command`` and ``ctx.peak``. With
+    ``launcher`` (``["-m", "accelerate.commands.launch", OPTIONS...]``): ``python LAUNCHER TARGET ARGS``, the
+    launcher starting the wrapper as its script.
 
     Returns (exit code, the last lines of its output). Raises :class:`Fail` when it runs past the step's time
     limit (its whole process group is killed).
@@ -181,8 +191,9 @@ def run_measured(ctx: Context, target: list[str], args: list[str]) -> tuple[int,
     log.parent.mkdir(parents=True, exist_ok=True)
     report = ctx.out / "logs" / f"{step.name}.peak.json"
     report.unlink(missing_ok=True)
-    argv = [ctx.python, str(Path(__file__).resolve()), "--measure", str(report), *target, *args]
-    ctx.command = shlex.join(["python", *target, *args])
+    launcher = launcher or []
+    argv = [ctx.python, *launcher, str(Path(__file__).resolve()), "--measure", str(report), *target, *args]
+    ctx.command = shlex.join(["python", *launcher, *target, *args])
     with log.open("w", encoding="utf-8") as f:
         f.write(f"$ {ctx.command}\n")
         f.flush()
@@ -328,6 +339,81 @@ def step_train_lora(ctx: Context) -> str:
     return summary + ", adapter-only checkpoint"
 
 
+ACCELERATE = ["-m", "accelerate.commands.launch"]
+"""``accelerate launch`` as a module of the check's interpreter (the same as the ``accelerate`` command)."""
+
+
+def free_port() -> int:
+    """A TCP port of this machine that nothing listens on now (the rendezvous port of a launch)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def accelerate_launcher(device: str, processes: int, port: int) -> list[str]:
+    """``accelerate launch`` OPTIONS for ``processes`` processes on this machine, with no mixed precision or dynamo
+    (klgrad's precision is ``model.dtype``). One process: the simple launcher (``--cpu`` on the CPU). Several:
+    torchrun (``--multi_gpu``; on the CPU too, where klgrad's ``model.device cpu`` makes it DDP over gloo:
+    ``--cpu`` with several processes would start one, docs/distributed.md)."""
+    options = ["--num_processes", str(processes), "--num_machines", "1", "--mixed_precision", "no"]
+    options += ["--dynamo_backend", "no"]
+    if processes > 1:
+        options = ["--multi_gpu", *options, "--main_process_port", str(port)]
+    elif device == "cpu":
+        options = ["--cpu", *options]
+    return [*ACCELERATE, *options]
+
+
+def accelerate_missing(ctx: Context) -> str | None:
+    return None if module_available("accelerate") else "accelerate not installed"
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+DDP_PROCESSES = 2
+
+
+def ddp_missing(ctx: Context) -> str | None:
+    """Why ``train_ddp`` cannot run here: no accelerate, or fewer GPUs than processes (on the CPU it runs)."""
+    if reason := accelerate_missing(ctx):
+        return reason
+    if ctx.device == "cuda" and (n := gpu_count()) < DDP_PROCESSES:
+        return f"needs {DDP_PROCESSES} CUDA GPUs (one per process), torch sees {n}"
+    return None
+
+
+def _launched(ctx: Context, name: str, processes: int) -> str:
+    """``klgrad train`` as the train step, under ``accelerate launch`` with ``processes`` processes; run.json
+    must record them."""
+    steps = TRAIN_STEPS[ctx.small]
+    extra = ["--train.threads", "1"] if ctx.device == "cpu" and processes > 1 else []
+    launcher = accelerate_launcher(ctx.device, processes, free_port())
+    code, tail = run_measured(ctx, ["-m", "klgrad"], train_args(ctx, name, steps, extra), launcher)
+    if code != 0:
+        raise Fail(f"exit {code}: {_last_line(tail)}")
+    summary = check_run(ctx.run_dir(name), steps)
+    recorded = json.loads((ctx.run_dir(name) / "run.json").read_text()).get("num_processes")
+    if recorded != processes:
+        raise Fail(f"run.json num_processes {recorded}, expected {processes}")
+    return f"{summary}, {processes} process{'es' if processes > 1 else ''} under accelerate launch"
+
+
+def step_train_accelerate(ctx: Context) -> str:
+    """``accelerate launch --num_processes 1 -m klgrad train`` (``--cpu`` in the dry mode): the train step's run
+    through accelerate's launcher, one process on one GPU."""
+    return _launched(ctx, "train_accelerate", 1)
+
+
+def step_train_ddp(ctx: Context) -> str:
+    """``accelerate launch --multi_gpu --num_processes 2 -m klgrad train``: DDP, each process on its own GPU
+    (``cuda:LOCAL_RANK``, NCCL); in the dry mode 2 CPU processes over gloo."""
+    return _launched(ctx, "train_ddp", DDP_PROCESSES)
+
+
 def write_benchmark(path: Path, n: int) -> Path:
     """``n`` held-out 2-digit addition prompts of klgrad's synthetic task as JSONL (prompt, answer, id)."""
     if str(REPO / "src") not in sys.path:
@@ -404,6 +490,20 @@ STEPS: tuple[Step, ...] = (
     Step("make_model", "a random Qwen2 model", step_make_model, timeout_s=300),
     Step("train", "klgrad train, full fine-tuning", step_train, needs=("make_model",)),
     Step("train_lora", "klgrad train with LoRA", step_train_lora, needs=("make_model",)),
+    Step(
+        "train_accelerate",
+        "klgrad train under accelerate launch, 1 process",
+        step_train_accelerate,
+        needs=("make_model",),
+        applies=accelerate_missing,
+    ),
+    Step(
+        "train_ddp",
+        f"klgrad train under accelerate launch --multi_gpu, {DDP_PROCESSES} processes",
+        step_train_ddp,
+        needs=("make_model",),
+        applies=ddp_missing,
+    ),
     Step("eval", "klgrad eval of the trained run and the base model", step_eval, needs=("make_model", "train")),
     Step("vllm", "klgrad train with rollout.engine vllm", step_vllm, needs=("make_model",), applies=vllm_missing),
 )
@@ -606,7 +706,8 @@ def measure(report: str, argv: list[str]) -> int:
         peak = None
         if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
             peak = int(torch.cuda.max_memory_allocated())
-        Path(report).write_text(json.dumps({"peak_gpu_bytes": peak}))
+        if os.environ.get("RANK", "0") == "0":  # under a launch of several processes: rank 0's
+            Path(report).write_text(json.dumps({"peak_gpu_bytes": peak}))
     return code
 
 

@@ -14,6 +14,7 @@ import pytest
 from klgrad import cli
 from klgrad.completion import SHELLS
 from klgrad.data import TASKS
+from klgrad.export import EXPORT_DTYPES
 from klgrad.kl import LEVELS
 from klgrad.rollout.samplers import ENGINES
 
@@ -38,7 +39,7 @@ def test_console_script_and_module_run_cli_main():
 
 def test_every_subcommand_runs_its_own_handler():
     commands = _subparsers()
-    assert list(commands) == ["audit", "compare", "train", "sft", "eval", "reproduce", "completion"]
+    assert list(commands) == ["audit", "compare", "train", "sft", "eval", "export", "reproduce", "completion"]
     for name, parser in commands.items():
         assert parser.get_default("func") is getattr(cli, f"cmd_{name}"), name
     assert [n for n, p in commands.items() if p.get_default("takes_overrides")] == ["train"]
@@ -51,6 +52,7 @@ def test_flag_choices_are_what_the_code_implements():
     assert tuple(_choices(commands["reproduce"], "name")) == cli.REPRODUCE_TARGETS
     assert tuple(_choices(commands["completion"], "shell")) == SHELLS
     assert tuple(_choices(commands["eval"], "engine")) == cli.EVAL_ENGINES == ENGINES
+    assert tuple(_choices(commands["export"], "dtype")) == cli.EXPORT_DTYPES == EXPORT_DTYPES
 
 
 @pytest.mark.parametrize("argv", [["audit", "--no-such-flag"], ["sft", "--out", "x", "--task", "subtraction"]])

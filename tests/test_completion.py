@@ -66,7 +66,7 @@ def test_bash_script_is_valid_syntax(bash_script, tmp_path):
 def test_bash_completes_subcommands(bash_script):
     got = _bash_complete(bash_script, ["klgrad", ""])
     assert "train" in got
-    assert set(got) == {"audit", "compare", "train", "sft", "eval", "reproduce", "completion"}
+    assert set(got) == {"audit", "compare", "train", "sft", "eval", "export", "reproduce", "completion"}
     assert _bash_complete(bash_script, ["klgrad", "tr"]) == ["train"]
 
 
@@ -86,6 +86,7 @@ def test_bash_completes_choices_of_a_value(bash_script):
     assert _bash_complete(bash_script, ["klgrad", "train", "--kl.level", "=", "token_"]) == ["token_to_go"]
     assert _bash_complete(bash_script, ["klgrad", "compare", "--level", "seq"]) == ["sequence"]
     assert "k3-gaussian" in _bash_complete(bash_script, ["klgrad", "reproduce", "k3"])
+    assert _bash_complete(bash_script, ["klgrad", "export", "--dtype", "b"]) == ["bfloat16"]
     # a free value (a path) is left to readline's file-name default
     assert _bash_complete(bash_script, ["klgrad", "train", "--config", ""]) == []
 
@@ -97,7 +98,7 @@ def test_options_of_one_command_stay_out_of_another(bash_script):
 
 def test_spec_reads_the_parser():
     spec = completion_spec(build_parser())
-    assert spec[""]["words"] == ["audit", "compare", "train", "sft", "eval", "reproduce", "completion"]
+    assert spec[""]["words"] == ["audit", "compare", "train", "sft", "eval", "export", "reproduce", "completion"]
     head = next(o for o in spec["train"]["options"] if o.flag == "--kl.head")
     assert head.choices == tuple(KL_HEADS)
 

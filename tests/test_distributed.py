@@ -39,6 +39,7 @@ BASE = {
     "train.save_every": 2,
     "train.threads": 1,
     "algo.micro_batch_size": 8,
+    "model.device": "cpu",  # CPU DDP (gloo) against one CPU process, on GPU machines too (docs/distributed.md)
 }
 CASES = {
     "grpo": {"train.tensorboard": True},

@@ -229,6 +229,61 @@ def test_vllm_step_on_cpu_is_skipped_even_when_vllm_is_importable(tmp_path, monk
     assert (row.status, row.detail) == ("skipped", "vllm needs a CUDA GPU (--device cpu)")
 
 
+def test_accelerate_launch_options():
+    """One process: accelerate's simple launcher (--cpu in the dry mode); several: torchrun (--multi_gpu), never
+    --cpu (accelerate 1.x would start one process), on a port of its own."""
+    tail = ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    assert gc.accelerate_launcher("cuda", 1, 29999) == [*gc.ACCELERATE, "--num_processes", "1", *tail]
+    assert gc.accelerate_launcher("cpu", 1, 29999) == [*gc.ACCELERATE, "--cpu", "--num_processes", "1", *tail]
+    for device in ("cuda", "cpu"):
+        ddp = gc.accelerate_launcher(device, 2, 29999)
+        assert ddp == [*gc.ACCELERATE, "--multi_gpu", "--num_processes", "2", *tail, "--main_process_port", "29999"]
+    assert 0 < gc.free_port() < 65536
+
+
+def test_ddp_step_needs_two_gpus_but_runs_in_the_dry_mode(tmp_path, monkeypatch):
+    monkeypatch.setattr(gc, "module_available", lambda name: True)
+    monkeypatch.setattr(gc, "gpu_count", lambda: 1)
+    gpu = gc.Context(out=tmp_path / "out", device="cuda", small=True)
+    step = next(s for s in gc.STEPS if s.name == "train_ddp")
+    assert gc.run_step(gpu, step).detail == "needs 2 CUDA GPUs (one per process), torch sees 1"
+    monkeypatch.setattr(gc, "gpu_count", lambda: 2)
+    assert gc.ddp_missing(gpu) is None
+    assert gc.ddp_missing(ctx_in(tmp_path)) is None  # CPU: 2 processes of gloo
+    monkeypatch.setattr(gc, "module_available", lambda name: False)
+    for name in ("train_accelerate", "train_ddp"):
+        step = next(s for s in gc.STEPS if s.name == name)
+        assert step.needs == ("make_model",)
+        row = gc.run_step(ctx_in(tmp_path), step)
+        assert (row.status, row.detail) == ("skipped", "accelerate not installed")
+
+
+def test_launched_command_runs_the_wrapper_under_the_launcher(tmp_path):
+    """The launcher starts the peak-memory wrapper as its script; the row's command is the launch itself."""
+    script = tmp_path / "hello.py"
+    script.write_text("import os\nprint('rank', os.environ.get('RANK'))\n")
+    ctx = ctx_in(tmp_path)
+    ctx.current = gc.Step("launched", "a launched script", lambda ctx: "")
+    launcher = gc.accelerate_launcher("cpu", 1, gc.free_port())
+    code, tail = gc.run_measured(ctx, [str(script)], ["--flag"], launcher)
+    assert code == 0, tail
+    assert ctx.command == f"python {' '.join(launcher)} {script} --flag"
+    assert "rank None" in tail  # accelerate's simple launcher: one plain process
+    assert json.loads((ctx.out / "logs" / "launched.peak.json").read_text()) == {"peak_gpu_bytes": None}
+
+
+def test_measure_writes_rank_zero_peak_only(tmp_path, monkeypatch):
+    script = tmp_path / "nothing.py"
+    script.write_text("")
+    for rank, written in (("1", False), ("0", True)):
+        report = tmp_path / f"peak{rank}.json"
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setattr(sys, "argv", list(sys.argv))
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        assert gc.measure(str(report), [str(script)]) == 0
+        assert report.is_file() == written
+
+
 def junit(*cases: str) -> ET.Element:
     return ET.fromstring(f"<testsuites><testsuite>{''.join(cases)}</testsuite></testsuites>")
 
@@ -249,9 +304,9 @@ def test_pytest_report_verdicts():
 # refusals
 
 
-def run_driver(*args: str, script: str = "gpu_check.py") -> subprocess.CompletedProcess:
+def run_driver(*args: str, script: str = "gpu_check.py", timeout: float = 120) -> subprocess.CompletedProcess:
     cmd = ["bash", str(SCRIPTS / script)] if script.endswith(".sh") else [sys.executable, str(SCRIPTS / script)]
-    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=REPO, env=gc.child_env(), timeout=120)
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, cwd=REPO, env=gc.child_env(), timeout=timeout)
 
 
 @NO_GPU
@@ -285,14 +340,16 @@ def test_bad_invocations_exit_2(tmp_path):
 # ----------------------------------------------------------------------------------------------------------
 # the CPU dry mode, end to end
 
-DRY_STEPS = ("gpu_tests", "make_model", "train", "train_lora", "eval", "vllm")
-"""Every step of the check: on CPU the GPU tests and vLLM skip, the rest run on a tiny random Qwen2."""
+DRY_STEPS = ("gpu_tests", "make_model", "train", "train_lora", "train_accelerate", "train_ddp", "eval", "vllm")
+"""Every step of the check: on CPU the GPU tests and vLLM skip, the rest run on a tiny random Qwen2 (the
+accelerate steps: one process with --cpu, and 2 processes of CPU DDP over gloo)."""
 
 
 @pytest.mark.slow
 def test_cpu_dry_mode_end_to_end(tmp_path):
     out = tmp_path / "check"
-    result = run_driver("--device", "cpu", "--small", "--out", str(out), "--steps", ",".join(DRY_STEPS))
+    steps = ",".join(DRY_STEPS)  # over 120 s on 2 shared cores since the accelerate steps (about 40 s) came in
+    result = run_driver("--device", "cpu", "--small", "--out", str(out), "--steps", steps, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     data = json.loads((out / gc.JSON_NAME).read_text())
     assert data["mode"] == "cpu-small"
@@ -311,6 +368,13 @@ def test_cpu_dry_mode_end_to_end(tmp_path):
     assert rows["train"]["command"].startswith("python -m klgrad train --config configs/tiny_add.yaml")
     assert rows["train_lora"]["status"] == "pass", rows["train_lora"]
     assert rows["train_lora"]["detail"].endswith("adapter-only checkpoint")
+    for name, processes in (("train_accelerate", 1), ("train_ddp", 2)):
+        assert rows[name]["status"] == "pass", rows[name]
+        assert rows[name]["detail"].startswith("2 steps, ")
+        assert rows[name]["command"].startswith("python -m accelerate.commands.launch ")
+        assert f" --num_processes {processes} " in rows[name]["command"]
+        assert " -m klgrad train --config configs/tiny_add.yaml" in rows[name]["command"]
+        assert json.loads((out / "runs" / name / "run.json").read_text())["num_processes"] == processes
     assert rows["eval"]["status"] == "pass", rows["eval"]
     assert [x.split(" greedy ")[0] for x in rows["eval"]["detail"].split(", ")] == ["base", "full", "lora"]
     assert rows["vllm"]["status"] == "skipped"

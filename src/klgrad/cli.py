@@ -1,6 +1,6 @@
 """klgrad command line: ``audit`` (gradient audit), ``compare`` (the paper's KL comparison), ``train``, ``sft``,
-``eval`` (benchmark accuracy and pass@k), ``reproduce`` (paper figures) and ``completion`` (shell completion
-scripts, generated in :mod:`klgrad.completion`).
+``eval`` (benchmark accuracy and pass@k), ``export`` (a run's policy as a Hugging Face folder), ``reproduce``
+(paper figures) and ``completion`` (shell completion scripts, generated in :mod:`klgrad.completion`).
 
 Each command is two functions side by side: ``add_NAME_parser`` declares its flags, ``cmd_NAME`` runs it. Every
 command writes its results as files (JSON, PNG) into ``--out`` and prints a readable summary.
@@ -379,6 +379,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+EXPORT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""``klgrad export --dtype`` choices: :data:`klgrad.export.EXPORT_DTYPES` (spelled out, as :data:`EVAL_ENGINES`, so
+that ``klgrad --help`` does not import transformers; a test keeps the two equal)."""
+
+
+def add_export_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad export``: a run's trained policy as a standard Hugging Face model folder (:mod:`klgrad.export`)."""
+    x = sub.add_parser(
+        "export",
+        help="write a run's policy as a Hugging Face model folder (LoRA merged) for transformers / vLLM / lm-eval",
+        description="Write the policy of a klgrad run directory (its newest valid checkpoint) or of one checkpoint "
+        "folder as a standard Hugging Face folder: config.json, model.safetensors, generation_config.json and the "
+        "tokenizer files (chat template included). A LoRA adapter is merged into the base weights. The folder is "
+        "written beside --out and renamed into place (docs/export.md).",
+    )
+    x.add_argument("source", metavar="RUN|CHECKPOINT", help="a klgrad run directory or RUN/checkpoints/step_N")
+    x.add_argument("--out", required=True, help="the model folder to write (refused if it exists and is not empty)")
+    x.add_argument(
+        "--dtype", default=None, choices=EXPORT_DTYPES, help="weights dtype (default: the checkpoint's, model.dtype)"
+    )
+    x.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    x.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from klgrad.export import export_model
+
+    try:
+        done = export_model(args.source, args.out, dtype=args.dtype, force=args.force)
+    except (ValueError, OSError) as e:  # FileNotFoundError and FileExistsError are OSErrors
+        print(f"klgrad export: {e}", file=sys.stderr)
+        return 2
+    how = f"LoRA adapter merged into {done.base}" if done.lora else f"full fine-tuning of {done.base}"
+    print(f"exported {done.checkpoint} ({how}) as {done.dtype} to {done.path}")
+    return 0
+
+
 REPRODUCE_TARGETS: tuple[str, ...] = tuple(TARGETS)
 """``klgrad reproduce`` names (:data:`klgrad.experiments.reproduce.TARGETS`)."""
 
@@ -440,6 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_train_parser,
         add_sft_parser,
         add_eval_parser,
+        add_export_parser,
         add_reproduce_parser,
         add_completion_parser,
     ):
@@ -460,7 +498,7 @@ def _quiet_transformers() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command in ("train", "sft", "compare", "reproduce", "eval"):
+    if args.command in ("train", "sft", "compare", "reproduce", "eval", "export"):
         _quiet_transformers()
     if getattr(args, "takes_overrides", False):
         return int(args.func(args, extra) or 0)

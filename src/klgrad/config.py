@@ -28,6 +28,7 @@ from klgrad.advantages import ShapingMethod, needs_groups
 from klgrad.kl import HeadName, Level, RatioLevel, RewardRatioLevel
 from klgrad.models.lora import LORA_TARGETS
 from klgrad.objective import Aggregation, Form
+from klgrad.rollout.encoding import PromptFormat
 from klgrad.rollout.mismatch import MismatchLevel
 from klgrad.rollout.samplers import Engine
 from klgrad.schedule import Schedule
@@ -78,8 +79,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["addition", "addition_discovery", "scratchpad", "file"] = "addition"
-    """Synthetic task, or 'file' to read prompts and answers from data.path."""
+    task: Literal["addition", "addition_discovery", "scratchpad", "chat_addition", "chat_multiplication", "file"] = (
+        "addition"
+    )
+    """Synthetic task (chat_*: instructions for a pretrained chat model, model.path required), or 'file' to read
+    prompts and answers from data.path."""
     digits: int = 2
     """Operand digits of the synthetic task."""
     n_train: int = 4000
@@ -96,6 +100,9 @@ class DataConfig:
     """Column holding the ground-truth answer."""
     skip_bad_rows: bool = False
     """Skip and count malformed rows instead of failing."""
+    prompt_format: PromptFormat = "auto"
+    """How prompts are tokenised: chat = one user message through the tokenizer's chat template (with the
+    generation prompt); raw = BOS + prompt text; auto = chat when the model's tokenizer has a template."""
     response_format: Literal["boxed", "think_answer"] = "boxed"
     """task = file: the response format the 'format' reward checks (\\boxed{...} or <think>..<answer>)."""
 
@@ -104,6 +111,7 @@ class DataConfig:
         _check(self.n_train >= 1, at, "n_train", "must be >= 1")
         _check(self.n_eval >= 1, at, "n_eval", "must be >= 1")
         _check(self.task != "file" or bool(self.path), at, "path", "is required when data.task = file")
+        _check(self.digits <= 9, at, "digits", f"must be <= 9, got {self.digits}")
 
 
 @dataclass
@@ -277,6 +285,9 @@ class TrainConfig:
     """Training seed (sampling, init of anything random)."""
     eval_every: int = 25
     """Held-out evaluation period (steps); 0 = only at the end."""
+    eval_samples: int = 1
+    """Samples per held-out prompt behind eval/sampled_accuracy, eval/sampled_reward and the KL estimates (more:
+    a finer estimate on a small held-out set)."""
     save_every: int = 50
     """Checkpoint period (steps); the last step is always saved."""
     out_dir: str = "runs/train"
@@ -299,6 +310,7 @@ class TrainConfig:
         _check(self.steps >= 1, at, "steps", "must be >= 1")
         _check(self.eval_every >= 0, at, "eval_every", "must be >= 0")
         _check(self.save_every >= 1, at, "save_every", "must be >= 1")
+        _check(self.eval_samples >= 1, at, "eval_samples", "must be >= 1")
         _check(self.max_skipped_steps >= 1, at, "max_skipped_steps", "must be >= 1")
         _check(self.threads is None or self.threads >= 1, at, "threads", "must be >= 1 or null")
         _check(
@@ -332,6 +344,13 @@ class Config:
 
     def validate(self, at: str = "") -> None:
         b = self.rollout.prompts_per_step * self.rollout.group_size
+        _check(
+            not self.data.task.startswith("chat_") or bool(self.model.path),
+            "model.",
+            "path",
+            f"is required with data.task = {self.data.task!r} (a chat task has no embedded reference: e.g. "
+            "smollm2-135m-instruct)",
+        )
         _check(
             self.rollout.group_size >= 2 or not needs_groups(self.algo.shaping),
             "rollout.",

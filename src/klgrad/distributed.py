@@ -3,7 +3,10 @@
 One process (``klgrad train``, ``python -m klgrad train``): :class:`Dist` without an accelerator; every
 collective is the identity and accelerate is never imported, so a single-process run is the plain path.
 Several processes (``WORLD_SIZE > 1``, set by torchrun, which ``accelerate launch --multi_gpu`` and
-``configs/accelerate/ddp_cpu.yaml`` use): one ``accelerate.Accelerator(cpu=True)``, DDP over gloo.
+``configs/accelerate/ddp_cpu.yaml`` use): one ``accelerate.Accelerator`` per process, DDP over NCCL with each
+process on its own GPU (``cuda:LOCAL_RANK``), or over gloo on the CPU. :func:`process_placement` decides which,
+from ``model.device``, the number of processes, the local rank and the GPUs torch sees; the trainer's device
+(:func:`klgrad.trainer.setup.resolve_device`) and the accelerator both follow it.
 
 Global batch rule (docs/distributed.md): ``rollout.prompts_per_step`` is the global number of prompts; rank r
 owns the contiguous whole groups of prompts ``[r·P/W, (r+1)·P/W)``, so :meth:`Dist.gather` (concatenation in
@@ -14,8 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -50,6 +54,64 @@ def check_config(cfg: Config, world: int) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one process of a run trains (:func:`process_placement`)."""
+
+    device: str
+    """``cpu``, ``cuda`` (one process: torch's current GPU) or ``cuda:N``."""
+    backend: Literal["nccl", "gloo"] | None
+    """The process group's backend; None in a single process (no process group)."""
+
+    @property
+    def accelerator_cpu(self) -> bool:
+        """Whether the process's ``Accelerator`` is created with ``cpu=True`` (gloo on the CPU)."""
+        return self.device == "cpu"
+
+
+def process_placement(setting: str, world: int, local_rank: int, cuda_count: int) -> Placement:
+    """The device and process-group backend of one process, from ``model.device`` (``setting``), the number of
+    processes ``world``, this process's ``LOCAL_RANK`` on its node and the number of GPUs torch sees there.
+
+    One process: ``auto`` = ``cuda`` when there is a GPU, else ``cpu``; ``cpu``, ``cuda`` and ``cuda:N`` as
+    given (a GPU that is not there is an error). Several processes: ``cpu``, or ``auto`` without a GPU, is CPU
+    DDP over gloo; ``auto`` or ``cuda`` with GPUs is ``cuda:LOCAL_RANK`` over NCCL, one GPU per process (an
+    error when the node has more processes than GPUs); ``cuda:N`` is an error (every process would share GPU
+    N). Errors are :class:`ConfigError` naming ``model.device``.
+    """
+    pinned = re.fullmatch(r"cuda:([0-9]+)", setting)
+    if setting not in ("auto", "cpu", "cuda") and pinned is None:
+        raise ConfigError(f"model.device must be auto, cpu, cuda or cuda:N, got {setting!r}")
+    if setting == "cpu" or (setting == "auto" and cuda_count == 0):
+        return Placement("cpu", None if world <= 1 else "gloo")
+    if cuda_count == 0:
+        raise ConfigError(f"model.device {setting!r}: torch sees no CUDA GPU here (use auto or cpu)")
+    if world <= 1:
+        if pinned is not None and int(pinned[1]) >= cuda_count:
+            raise ConfigError(
+                f"model.device {setting!r}: torch sees {cuda_count} GPU(s) here, cuda:0 to cuda:{cuda_count - 1}"
+            )
+        return Placement("cuda" if pinned is None else setting, None)
+    if pinned is not None:
+        raise ConfigError(
+            f"model.device {setting!r} with {world} processes would put every process on the same GPU; use auto "
+            "or cuda (each process takes cuda:LOCAL_RANK) or cpu (docs/distributed.md)"
+        )
+    if local_rank >= cuda_count:
+        raise ConfigError(
+            f"model.device {setting!r}: more processes on this node than GPUs (this process has LOCAL_RANK "
+            f"{local_rank}, torch sees {cuda_count} GPU(s)); launch at most {cuda_count} processes per node, or "
+            "set model.device cpu for CPU DDP (docs/distributed.md)"
+        )
+    return Placement(f"cuda:{local_rank}", "nccl")
+
+
+def this_process_placement(setting: str, world: int) -> Placement:
+    """:func:`process_placement` of this process: its ``LOCAL_RANK`` (torchrun's; 0 when unset) and the number
+    of GPUs torch sees."""
+    return process_placement(setting, world, int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count())
+
+
 @dataclass
 class Dist:
     """This process's place in the run; ``accelerator`` is None in a single process."""
@@ -57,9 +119,12 @@ class Dist:
     accelerator: Any = None
 
     @classmethod
-    def from_env(cls) -> Dist:
-        """A single process unless launched with several (``WORLD_SIZE > 1``)."""
-        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+    def from_env(cls, device: str) -> Dist:
+        """A single process unless launched with several (``WORLD_SIZE > 1``); then an accelerator placed by
+        :func:`this_process_placement` of ``device`` (``model.device``), the same placement the trainer's
+        device comes from."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
             if _accelerate_cpu_multi_process_request():
                 raise ValueError(
                     "accelerate launch --cpu --num_processes N starts ONE process in accelerate 1.x (its multi-CPU "
@@ -75,15 +140,22 @@ class Dist:
                 "DeepSpeed and Megatron shard the weights that the sampler and reference passes read whole: "
                 "docs/distributed.md)"
             )
+        place = this_process_placement(device, world)
         from accelerate import Accelerator
-        from accelerate.utils import DistributedType
+        from accelerate.utils import DistributedType, InitProcessGroupKwargs
 
-        accelerator = Accelerator(cpu=True)  # the trainer keeps models and rollouts on the CPU
-        if accelerator.distributed_type != DistributedType.MULTI_CPU or accelerator.mixed_precision != "no":
+        if not place.accelerator_cpu:
+            torch.cuda.set_device(place.device)  # NCCL's communicator and every later allocation on this GPU
+        handler = InitProcessGroupKwargs(backend=place.backend)
+        accelerator = Accelerator(cpu=place.accelerator_cpu, kwargs_handlers=[handler])
+        expected = DistributedType.MULTI_CPU if place.accelerator_cpu else DistributedType.MULTI_GPU
+        got = (accelerator.distributed_type, accelerator.state.backend, accelerator.mixed_precision)
+        if got != (expected, place.backend, "no") or not same_device(accelerator.device, place.device):
             raise ValueError(
-                f"only DDP on CPU processes (MULTI_CPU, no mixed precision) is supported; accelerate set up "
-                f"{accelerator.distributed_type} with mixed_precision={accelerator.mixed_precision!r} "
-                "(FSDP and GPU placement: docs/distributed.md)"
+                f"model.device {device!r} places this process on {place.device} ({expected}, {place.backend}, no "
+                f"mixed precision); accelerate set up {got[0]} with backend {got[1]!r}, mixed_precision={got[2]!r} "
+                f"on {accelerator.device} (only DDP without accelerate's mixed precision is supported: "
+                "docs/distributed.md)"
             )
         return cls(accelerator)
 
@@ -99,6 +171,12 @@ class Dist:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def device(self) -> torch.device:
+        """Where this process's collectives run: the accelerator's device (``cuda:LOCAL_RANK`` under NCCL, which
+        reduces GPU tensors only; the CPU under gloo), the CPU in a single process."""
+        return torch.device("cpu") if self.accelerator is None else self.accelerator.device
+
     def shard(self, n: int) -> slice:
         """This rank's contiguous part of ``n`` items (``n`` divisible by the world size)."""
         k = n // self.world
@@ -112,7 +190,7 @@ class Dist:
         """(n, ...) on every rank -> (world·n, ...) in rank order (equal shapes on every rank)."""
         if self.accelerator is None:
             return x
-        return self.accelerator.gather(x.contiguous()).to(x.device)
+        return self.accelerator.gather(x.contiguous().to(self.device)).to(x.device)
 
     def gather_objects(self, obj: Any) -> list[Any]:
         """Picklable ``obj`` of every rank, in rank order."""
@@ -126,19 +204,19 @@ class Dist:
         """Element-wise sum over ranks (float64, so integer counts below 2**53 stay exact)."""
         if self.accelerator is None:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         return self.accelerator.reduce(t, "sum").tolist()
 
     def max(self, value: float) -> float:
         """Maximum over ranks."""
         if self.accelerator is None:
             return value
-        return float(self.accelerator.gather(torch.tensor([value], dtype=torch.float64)).max())
+        return float(self.accelerator.gather(torch.tensor([value], dtype=torch.float64, device=self.device)).max())
 
     def max_int(self, value: int) -> int:
         if self.accelerator is None:
             return value
-        return int(self.accelerator.gather(torch.tensor([value])).max())
+        return int(self.accelerator.gather(torch.tensor([value], device=self.device)).max())
 
     def all_true(self, flag: bool) -> bool:
         return self.sum([0.0 if flag else 1.0])[0] == 0.0
@@ -167,8 +245,14 @@ class Dist:
         return self.accelerator.clip_grad_norm_(model.parameters(), max_norm)
 
 
+def same_device(a: torch.device, b: str) -> bool:
+    """Whether ``a`` is the device ``b`` names (any index of the CPU; ``cuda`` without an index: any GPU)."""
+    want = torch.device(b)
+    return a.type == want.type and (want.type == "cpu" or want.index is None or a.index == want.index)
+
+
 _SHARDED_ENGINES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM")
-"""Environment flags accelerate launch sets for engines that shard the model (the CPU Accelerator ignores them)."""
+"""Environment flags accelerate launch sets for engines that shard the model (the DDP Accelerator ignores them)."""
 
 
 def _accelerate_cpu_multi_process_request() -> bool:

@@ -11,6 +11,11 @@ All tasks share the prompt and the answer; they differ in the response the polic
   column's digits, ``+1`` appears iff a carry came in, ``S`` is the column sum in decimal (0-19) and ``K``
   the carry out (0 or 1). ``SUM`` (no leading zeros) is the final answer: everything after the last ``=``.
   Each column takes 8-11 characters, so a 2-digit target is at least 18 characters long.
+- ``chat_addition`` and ``chat_multiplication`` (for pretrained chat models, e.g. SmolLM2-135M-Instruct): the
+  prompt is an instruction, ``"Calculate 51 + 88. Give just the result."`` (operands in [0, 10^digits), not
+  padded), sent through the model's chat template; the answer is ``a + b`` or ``a * b``, read back as the last
+  number the response writes (the ``final_number`` reward). They have no supervised target: the model is
+  whatever was pretrained, and RL starts from it.
 - ``addition_discovery`` (the discovery regime): ``addition``'s prompt, answer, format and reward, but the
   supervised targets mostly teach a wrong answer: ``a+b+1`` (``"07+58="`` -> ``"66"``) with probability
   1 - :data:`DISCOVERY_CORRECT_FRACTION`, the true sum otherwise. A reference fine-tuned on them rarely
@@ -83,6 +88,16 @@ def _scratchpad_target(example: Example, u: float) -> str:
     return ";".join(cols) + f";={a + b}"
 
 
+def _no_sft_target(example: Example, u: float) -> str:
+    task = example.meta.get("task")
+    raise ValueError(f"{task}: a chat task has no supervised target (RL starts from a pretrained model)")
+
+
+def _final_number_answer(completion: str) -> str | None:
+    found = re.findall(r"-?[0-9]+", completion.replace(",", ""))
+    return found[-1] if found else None
+
+
 def _addition_answer(completion: str) -> str | None:
     text = completion.strip()
     return text if re.fullmatch(r"\d+", text) else None
@@ -110,6 +125,12 @@ class TaskSpec:
     taught_answer: Callable[[Example], str] | None = None
     """The answer most supervised targets state, when it is not ``example.answer`` (``klgrad sft`` stops on
     held-out greedy accuracy against it); None: the targets state the true answer."""
+    prompt: Callable[[int, int, int], str] = lambda a, b, digits: f"{a:0{digits}d}+{b:0{digits}d}="
+    """The prompt of operands ``a``, ``b`` at ``digits`` digits (default: zero-padded ``"07+58="``)."""
+    answer: Callable[[int, int], int] = lambda a, b: a + b
+    """The true answer of operands ``a``, ``b``."""
+    chat: bool = False
+    """An instruction for a pretrained chat model (no supervised target, no embedded reference)."""
 
 
 TASKS: dict[str, TaskSpec] = {
@@ -123,7 +144,27 @@ TASKS: dict[str, TaskSpec] = {
         _scratchpad_answer,
         r"(?:\d\+\d(?:\+1)?=1?\dc[01];)+=\d+",
     ),
+    "chat_addition": TaskSpec(
+        "chat_addition",
+        _no_sft_target,
+        _final_number_answer,
+        r"-?\d+",
+        prompt=lambda a, b, digits: f"Calculate {a} + {b}. Give just the result.",
+        chat=True,
+    ),
+    "chat_multiplication": TaskSpec(
+        "chat_multiplication",
+        _no_sft_target,
+        _final_number_answer,
+        r"-?\d+",
+        prompt=lambda a, b, digits: f"Calculate {a} * {b}. Give just the result.",
+        answer=lambda a, b: a * b,
+        chat=True,
+    ),
 }
+
+CHAT_TASKS: tuple[str, ...] = tuple(name for name, spec in TASKS.items() if spec.chat)
+"""Tasks for pretrained chat models (``model.path`` required)."""
 
 
 def get_task(task: str) -> TaskSpec:
@@ -206,7 +247,7 @@ def make_splits(
     Returns:
         ``(train, eval)``; each example has ``answer = str(a + b)`` and ``meta = {"task": task}``.
     """
-    get_task(task)
+    spec = get_task(task)
     if digits < 1:
         raise ValueError(f"digits must be >= 1, got {digits}")
     if n_train < 0 or n_eval < 0:
@@ -214,7 +255,11 @@ def make_splits(
     train_pairs, eval_pairs = _sample_pairs(n_train, n_eval, random.Random(seed), digits)
 
     def example(a: int, b: int) -> Example:
-        prompt = f"{a:0{digits}d}+{b:0{digits}d}="
-        return Example(prompt=prompt, answer=str(a + b), id=f"{task}-{prompt[:-1]}", meta={"task": task})
+        return Example(
+            prompt=spec.prompt(a, b, digits),
+            answer=str(spec.answer(a, b)),
+            id=f"{task}-{a:0{digits}d}+{b:0{digits}d}",
+            meta={"task": task},
+        )
 
     return [example(a, b) for a, b in train_pairs], [example(a, b) for a, b in eval_pairs]

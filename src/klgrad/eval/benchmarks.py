@@ -17,7 +17,7 @@ from torch import Tensor
 from klgrad.data import Example, load_examples
 from klgrad.rewards import accuracy_reward
 from klgrad.rewards.accuracy import gold_as_math
-from klgrad.rollout.encoding import encode_prompts, left_pad
+from klgrad.rollout.encoding import encode_prompts
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,6 @@ def uses_chat_template(tokenizer, enabled: bool) -> bool:
 
 
 def encode_eval_prompts(tokenizer, prompts: list[str], *, chat_template: bool) -> tuple[Tensor, Tensor]:
-    """(P, L) left-padded ids and mask. With the chat template: each prompt as one user message with the
-    generation prompt appended, tokenised without adding special tokens (the template writes its own BOS);
-    otherwise :func:`klgrad.rollout.encoding.encode_prompts` (BOS + raw prompt, as in training)."""
-    if not uses_chat_template(tokenizer, chat_template):
-        return encode_prompts(tokenizer, prompts)
-    texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-        for p in prompts
-    ]
-    return left_pad(tokenizer, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
+    """(P, L) left-padded ids and mask: :func:`klgrad.rollout.encoding.encode_prompts`, through the chat template
+    when the tokenizer has one and it is not turned off (as training's ``data.prompt_format: auto``)."""
+    return encode_prompts(tokenizer, prompts, chat=uses_chat_template(tokenizer, chat_template))

@@ -4,7 +4,8 @@ X is one of:
 
 - ``embedded`` (the default tiny reference, ``tiny_addition``) or the name of another shipped model
   (``tiny_scratchpad``, ``tiny_addition_discovery``; :data:`klgrad.trainer.setup.EMBEDDED_DIR`);
-- a Hugging Face model folder (``config.json``, safetensors, tokenizer files);
+- a Hugging Face model folder (``config.json``, safetensors, tokenizer files), a known model name
+  (``smollm2-135m-instruct``), a ``.gguf`` file or a Hugging Face id (:func:`klgrad.models.sources.resolve_model`);
 - a klgrad run directory (``config.yaml`` + ``checkpoints/step_N/``): the run's starting model (its config's
   ``model.path``, or the embedded reference of its task) with the newest checkpoint whose checksums verify
   loaded over it; or one checkpoint folder ``RUN/checkpoints/step_N`` itself.
@@ -23,6 +24,7 @@ import torch
 
 from klgrad.config import Config, load_config
 from klgrad.models import load_model_and_tokenizer
+from klgrad.models.sources import ModelSourceError, resolve_model
 from klgrad.trainer.checkpoints import checkpoint_is_valid, latest_checkpoint, load_policy_weights
 from klgrad.trainer.setup import EMBEDDED_DIR, reference_path
 
@@ -62,26 +64,28 @@ def split_label(arg: str) -> tuple[str | None, str]:
     return None, arg
 
 
-def find_checkpoint(path: Path) -> tuple[Path, Path] | None:
+def find_checkpoint(path: Path, *, name: str | None = None) -> tuple[Path, Path] | None:
     """``(run directory, checkpoint)`` when ``path`` is a klgrad run directory (its newest valid checkpoint) or
-    one of its checkpoint folders; None for anything else.
+    one of its checkpoint folders; None for anything else. ``name`` starts the error messages (default
+    ``--model PATH``; ``klgrad export`` passes the bare path).
 
     Raises:
         ValueError: a run without a valid checkpoint, or a checkpoint folder whose checksums do not verify
             (torn or corrupt): evaluating the base model instead would be a silently wrong result.
     """
+    name = f"--model {path}" if name is None else name
     if (path / "config.yaml").is_file():
         ckpt = latest_checkpoint(path)
         if ckpt is None:
             raise ValueError(
-                f"--model {path}: a klgrad run directory without a valid checkpoint under {path / 'checkpoints'} "
+                f"{name}: a klgrad run directory without a valid checkpoint under {path / 'checkpoints'} "
                 "(none saved yet, or every one torn or corrupt)"
             )
         return path, ckpt
     run_dir = path.parent.parent
     if path.parent.name == "checkpoints" and (run_dir / "config.yaml").is_file():
         if not checkpoint_is_valid(path):
-            raise ValueError(f"--model {path}: checkpoint whose checksums.json does not verify (torn or corrupt)")
+            raise ValueError(f"{name}: checkpoint whose checksums.json does not verify (torn or corrupt)")
         return run_dir, path
     return None
 
@@ -139,9 +143,10 @@ def locate_model(arg: str) -> ModelSource:
         return ModelSource(label or spec, EMBEDDED_DIR / name)
     path = Path(spec)
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"--model {spec}: no such directory, and not {EMBEDDED!r} or a shipped model ({', '.join(shipped)})"
-        )
+        try:  # a known name (smollm2-135m-instruct), a .gguf file or a Hugging Face id
+            return ModelSource(label or Path(spec).name.removesuffix(".gguf"), resolve_model(spec))
+        except ModelSourceError as e:
+            raise ModelSourceError(f"--model {spec}: {e}; shipped: {EMBEDDED!r}, {', '.join(shipped)}") from e
     found = find_checkpoint(path)
     if found is not None:
         run_dir, ckpt = found

@@ -105,7 +105,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     """
     from klgrad.models import load_model_and_tokenizer
     from klgrad.models.lora import load_lora_policy
-    from klgrad.rollout.encoding import encode_prompts
+    from klgrad.rollout.encoding import encode_prompts, uses_chat
     from klgrad.rollout.samplers import KlgradSampler
     from klgrad.trainer.checkpoints import latest_checkpoint, load_weights
     from klgrad.trainer.evaluation import objective_on, reference_log_ratios
@@ -122,7 +122,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     ref.eval()
     _, heldout = load_data(cfg)
     prompts = [e.prompt for e in heldout[:n_prompts]]
-    ids, mask = encode_prompts(tok, prompts)
+    ids, mask = encode_prompts(tok, prompts, chat=uses_chat(cfg.data.prompt_format, tok))
     out: dict = {}
     if cfg.rollout.max_new_tokens <= 10 and cfg.kl.beta > 0:  # short answers: the response tree is small
         obj = objective_on(policy, ref, tok, heldout[:n_prompts], reward_specs(cfg), cfg)

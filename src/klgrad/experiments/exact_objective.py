@@ -179,8 +179,11 @@ def exact_objective(
     temperature: float = 1.0,
     prune: float = PRUNE,
     reward_batch: int = 256,
+    chat: bool = False,
 ) -> dict:
     """J_β, J*, KL(π‖π*) and KL(π‖π_ref) of ``policy`` on the prompts of ``examples``, means over the prompts.
+
+    ``chat``: prompts are encoded through the tokenizer's chat template, as the run encoded them.
 
     Responses are enumerated (:func:`klgrad.experiments.exact_kl.enumerate_responses`), decoded as the sampler's
     responses are (special tokens dropped) and scored by ``specs`` against each example's columns.
@@ -196,7 +199,7 @@ def exact_objective(
     from klgrad.rollout.encoding import encode_prompts
 
     t0 = time.perf_counter()
-    ids, mask = encode_prompts(tokenizer, [e.prompt for e in examples])
+    ids, mask = encode_prompts(tokenizer, [e.prompt for e in examples], chat=chat)
     rows = [ids[i][mask[i]].tolist() for i in range(len(examples))]
     tree = enumerate_responses(
         policy,

@@ -10,25 +10,31 @@
 from klgrad.rewards.accuracy import math_verify_reward
 from klgrad.rewards.format import FORMAT_PATTERNS, format_pattern, make_format_reward, regex_format_reward
 from klgrad.rewards.registry import (
+    ACCURACY_REWARDS,
     BUILTIN_REWARDS,
     RewardFn,
     RewardResult,
     RewardSpec,
     accuracy_reward,
+    accuracy_reward_name,
     compute_rewards,
+    final_number_reward,
     format_reward,
     load_reward_fn,
     merge_rewards,
 )
 
 __all__ = [
+    "ACCURACY_REWARDS",
     "BUILTIN_REWARDS",
     "FORMAT_PATTERNS",
     "RewardFn",
     "RewardResult",
     "RewardSpec",
     "accuracy_reward",
+    "accuracy_reward_name",
     "compute_rewards",
+    "final_number_reward",
     "format_pattern",
     "format_reward",
     "load_reward_fn",

@@ -25,7 +25,7 @@ import math
 import numbers
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,14 +60,51 @@ def format_reward(prompts: list[str], completions: list[str], **columns: Any) ->
     return out
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"accuracy": accuracy_reward, "format": format_reward}
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+
+
+def final_number(completion: str) -> str:
+    """The last number written in ``completion`` (thousands commas dropped), or ``""`` when it has none:
+    ``"13 * 9 = 129."`` -> ``"129"``, ``"To add 502 and 703, we"`` -> ``"703"``."""
+    found = _NUMBER.findall(completion)
+    return found[-1].rstrip(",").replace(",", "") if found else ""
+
+
+def final_number_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
+    """Built-in ``final_number``: Math-Verify equality of the completion's *last number* with the ``answer``.
+
+    For chat models on arithmetic. Math-Verify reads a completion's rightmost expression, so a response that
+    only restates the question (``"To calculate 502 + 703, we need to add"``) evaluates ``502 + 703`` and scores
+    as correct: measured on SmolLM2-135M-Instruct, greedy responses that never state a result scored 1.0 on
+    3-digit addition. Reading the last number alone closes that: the model must write the result.
+    """
+    if "answer" not in columns:
+        raise ValueError("the final_number reward needs an 'answer' column")
+    return math_verify_reward([final_number(c) for c in completions], columns["answer"])
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "accuracy": accuracy_reward,
+    "final_number": final_number_reward,
+    "format": format_reward,
+}
+
+ACCURACY_REWARDS: tuple[str, ...] = ("accuracy", "final_number")
+"""Built-in rewards that score correctness (0 or 1): evaluation reports the first one a run uses as its
+accuracy (``eval/greedy_accuracy``, ``eval/sampled_accuracy``) and the curves plot it."""
+
+
+def accuracy_reward_name(names: Iterable[str]) -> str | None:
+    """The first of :data:`ACCURACY_REWARDS` among ``names`` (a run's reward names), or None."""
+    present = set(names)
+    return next((n for n in ACCURACY_REWARDS if n in present), None)
 
 _SPEC_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 
 def load_reward_fn(spec: str) -> RewardFn:
-    """A built-in name (``"accuracy"``, ``"format"``) or ``"package.module:function"``, imported with
-    importlib (never ``eval``); ``function`` may be a dotted attribute path.
+    """A built-in name (``"accuracy"``, ``"final_number"``, ``"format"``) or ``"package.module:function"``,
+    imported with importlib (never ``eval``); ``function`` may be a dotted attribute path.
 
     Raises:
         ValueError: naming ``spec`` when it is malformed, its module cannot be imported, the attribute is

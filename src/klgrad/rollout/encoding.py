@@ -1,15 +1,43 @@
-"""Text <-> tokens at the rollout boundary: BOS + prompt, left-padded; responses decoded without padding."""
+"""Text <-> tokens at the rollout boundary: prompts (raw or through the chat template), left-padded; responses
+decoded without padding."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from klgrad.rollout.samplers import Rollout
 
+PromptFormat = Literal["auto", "chat", "raw"]
+"""How a prompt becomes tokens: ``chat`` = one user message through the tokenizer's chat template with the
+generation prompt appended; ``raw`` = BOS + the prompt text; ``auto`` = chat when the tokenizer has a template."""
 
-def encode_prompts(tokenizer, prompts: list[str]) -> tuple[Tensor, Tensor]:
-    """BOS (when the tokenizer has one) + prompt tokens, left-padded: (P, L) ids and (P, L) bool mask."""
+
+def uses_chat(prompt_format: PromptFormat, tokenizer) -> bool:
+    """Whether prompts go through the chat template; ``chat`` without a template is a ValueError naming
+    ``data.prompt_format``."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if prompt_format == "chat" and not has_template:
+        raise ValueError("data.prompt_format is 'chat' but the tokenizer has no chat template (use auto or raw)")
+    return prompt_format != "raw" and has_template
+
+
+def encode_prompts(tokenizer, prompts: list[str], *, chat: bool = False) -> tuple[Tensor, Tensor]:
+    """Left-padded prompt tokens: (P, L) ids and (P, L) bool mask.
+
+    ``chat=False``: BOS (when the tokenizer has one) + the prompt's tokens. ``chat=True``: the prompt as one
+    user message through the tokenizer's chat template (its own default system message included, if it has one)
+    with the assistant's generation prompt appended, tokenised without adding special tokens (the template writes
+    its own); the response then ends with the template's end-of-turn token, the tokenizer's EOS.
+    """
+    if chat:
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
+        return left_pad(tokenizer, [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
     bos = tokenizer.bos_token_id
     rows = [([bos] if bos is not None else []) + tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     return left_pad(tokenizer, rows)

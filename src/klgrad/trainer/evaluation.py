@@ -14,8 +14,8 @@ from klgrad.data.example import Example, examples_to_columns
 from klgrad.experiments.exact_objective import exact_objective
 from klgrad.kl import sequence_kl_estimates, sequence_log_ratio
 from klgrad.logprobs import sequence_logprobs
-from klgrad.rewards import compute_rewards
-from klgrad.rollout.encoding import decode_responses, encode_prompts
+from klgrad.rewards import accuracy_reward_name, compute_rewards
+from klgrad.rollout.encoding import decode_responses, encode_prompts, uses_chat
 from klgrad.rollout.samplers import Rollout
 
 
@@ -35,34 +35,41 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
     """
     prompts = [e.prompt for e in examples]
     device = next(policy.parameters()).device
-    ids, mask = (x.to(device) for x in encode_prompts(tokenizer, prompts))
+    chat = uses_chat(cfg.data.prompt_format, tokenizer)
+    ids, mask = (x.to(device) for x in encode_prompts(tokenizer, prompts, chat=chat))
     columns = examples_to_columns(examples)
     out: dict[str, float] = {}
     greedy = sampler.generate(policy, ids, mask, group_size=1, max_new_tokens=cfg.rollout.max_new_tokens, greedy=True)
     greedy_rewards = compute_rewards(specs, prompts, decode_responses(tokenizer, greedy), columns)
-    if "accuracy" in greedy_rewards.per_function:  # only a real accuracy reward is reported as accuracy
-        accuracy = greedy_rewards.per_function["accuracy"]
+    acc_name = accuracy_reward_name(greedy_rewards.per_function)  # only a real accuracy reward is accuracy
+    if acc_name is not None:
+        accuracy = greedy_rewards.per_function[acc_name]
         out["eval/greedy_accuracy"] = sum(a or 0.0 for a in accuracy) / len(accuracy)
     out["eval/greedy_reward"] = sum(greedy_rewards.total) / len(greedy_rewards.total)
     gen = torch.Generator().manual_seed(seed)
+
+    k = cfg.train.eval_samples
 
     def sample(top_p: float):
         return sampler.generate(
             policy,
             ids,
             mask,
-            group_size=1,
+            group_size=k,
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=cfg.rollout.temperature,
             top_p=top_p,
             generator=gen,
         )
 
-    sampled = sample(cfg.rollout.top_p)
-    sampled_rewards = compute_rewards(specs, prompts, decode_responses(tokenizer, sampled), columns)
+    sampled = sample(cfg.rollout.top_p)  # (P·k) responses, each prompt's k contiguous
+    repeated = {name: [v for v in col for _ in range(k)] for name, col in columns.items()}
+    texts = decode_responses(tokenizer, sampled)
+    sampled_rewards = compute_rewards(specs, [p for p in prompts for _ in range(k)], texts, repeated)
     out["eval/sampled_reward"] = sum(sampled_rewards.total) / len(sampled_rewards.total)
-    if "accuracy" in sampled_rewards.per_function:
-        out["eval/sampled_accuracy"] = sum(a or 0.0 for a in sampled_rewards.per_function["accuracy"]) / len(prompts)
+    if acc_name is not None:
+        hits = sampled_rewards.per_function[acc_name]
+        out["eval/sampled_accuracy"] = sum(a or 0.0 for a in hits) / len(hits)
     if cfg.rollout.top_p < 1.0:  # the KL estimates need a sample of the full distribution
         sampled = sample(1.0)
     estimates = sequence_kl_estimates(reference_log_ratios(sampled, ref, ids.shape[1], cfg.rollout.temperature))
@@ -95,6 +102,7 @@ def objective_on(policy, ref, tokenizer, examples: list[Example], specs, cfg: Co
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
         reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+        chat=uses_chat(cfg.data.prompt_format, tokenizer),
     )
 
 

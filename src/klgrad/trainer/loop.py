@@ -74,7 +74,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     """
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    dist = Dist.from_env()
+    dist = Dist.from_env(cfg.model.device)  # the accelerator's placement: the same rule as resolve_device
     check_config(cfg, dist.world)
     data = load_data(cfg)  # fails before anything is written
     if cfg.train.wandb:
@@ -197,7 +197,9 @@ def sample_responses(run: Run, step: int, examples: list[Example], gen: torch.Ge
     its prompts' own uniforms, and its responses are padded to the width of the whole step's batch.
     """
     cfg, dist = run.cfg, run.dist
-    prompt_ids, prompt_mask = (x.to(run.device) for x in encode_prompts(run.tokenizer, [e.prompt for e in examples]))
+    prompt_ids, prompt_mask = (
+        x.to(run.device) for x in encode_prompts(run.tokenizer, [e.prompt for e in examples], chat=run.chat)
+    )
     shard = dist.shard(cfg.rollout.prompts_per_step)  # this rank's prompts (all of them in one process)
     g = cfg.rollout.group_size
     if cfg.rollout.engine == "klgrad":

@@ -24,7 +24,7 @@ from klgrad.advantages import shape_rewards
 from klgrad.config import Config, dump_yaml, to_dict
 from klgrad.objective import ObjectiveSpec, objective_diagnostics
 from klgrad.plotting import pyplot, save
-from klgrad.rewards import RewardResult
+from klgrad.rewards import RewardResult, accuracy_reward_name
 from klgrad.trainer.update import UpdateStats
 
 
@@ -295,10 +295,13 @@ def plot_curves(records: list[dict], path: Path, title: str) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(3, 3, figsize=(13, 9.5))
     steps = [r["step"] for r in records if "reward/mean" in r]
+    logged = {k.removeprefix("reward/") for r in records for k in r}
+    accuracy_key = "reward/" + (accuracy_reward_name(logged) or "accuracy")
     for ax, (key, label) in zip(axes.flat, CURVES, strict=True):
+        key = accuracy_key if key == "reward/accuracy" else key
         ys = [r[key] if r.get(key) is not None else float("nan") for r in records if "reward/mean" in r]
         ax.plot(steps, ys, color="#1f5f8b", lw=1.2, label="train batch")
-        if key == "reward/accuracy":
+        if key == accuracy_key:
             ev = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
             if ev:
                 ax.plot(*zip(*ev, strict=True), "o-", color="#c0392b", ms=4, label="held-out greedy")

@@ -12,14 +12,16 @@ from pathlib import Path
 
 import torch
 
-from klgrad.config import Config, ConfigError
+from klgrad.config import Config
 from klgrad.data.example import Example
 from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
-from klgrad.distributed import Dist
+from klgrad.distributed import Dist, this_process_placement
 from klgrad.models import disable_dropout, load_model_and_tokenizer
 from klgrad.models.lora import apply_lora, base_view, trainable_parameters
+from klgrad.models.sources import resolve_model
 from klgrad.rewards import RewardSpec
+from klgrad.rollout.encoding import uses_chat
 from klgrad.rollout.samplers import Sampler, make_sampler
 from klgrad.schedule import lr_factor
 from klgrad.trainer.checkpoints import latest_checkpoint, load_checkpoint
@@ -32,9 +34,12 @@ by ``klgrad sft``."""
 
 
 def reference_path(cfg: Config) -> Path:
-    """The model to start from: ``model.path`` or the embedded reference of the synthetic task."""
+    """The local HF folder to start from: ``model.path`` resolved by :func:`~klgrad.models.sources.resolve_model`
+    (a folder, a known name such as ``smollm2-135m-instruct``, a ``.gguf`` file or a Hugging Face id), or the
+    embedded reference of the synthetic task. Raises :class:`~klgrad.models.sources.ModelSourceError` (before
+    anything is written) when the model cannot be had here."""
     if cfg.model.path:
-        return Path(cfg.model.path)
+        return resolve_model(cfg.model.path)
     task = cfg.data.task if cfg.data.task != "file" else "addition"
     return EMBEDDED_DIR / f"tiny_{task}"
 
@@ -64,15 +69,11 @@ def reward_specs(cfg: Config) -> list[RewardSpec]:
 
 
 def resolve_device(setting: str, world: int) -> torch.device:
-    """``model.device``: auto = cuda when torch sees a GPU, else cpu. Several processes run on the CPU (the
-    distributed path is verified with gloo on CPU only; a GPU run there is refused rather than untested)."""
-    if world > 1:
-        if setting not in ("auto", "cpu"):
-            raise ConfigError(f"model.device {setting!r}: distributed runs are CPU-only for now (docs/distributed.md)")
-        return torch.device("cpu")
-    if setting == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(setting)
+    """``model.device`` of this process in a run of ``world`` processes (:func:`~klgrad.distributed.process_placement`,
+    the rule :meth:`Dist.from_env` places the accelerator by): one process: auto = cuda when torch sees a GPU, else
+    cpu; several: ``cuda:LOCAL_RANK`` (NCCL) when torch sees GPUs and the setting is auto or cuda, else cpu (gloo).
+    Raises :class:`ConfigError` naming ``model.device`` when the setting cannot work here."""
+    return torch.device(this_process_placement(setting, world).device)
 
 
 def sampler_options(cfg: Config) -> dict:
@@ -98,6 +99,8 @@ class Run:
     """The reference π_ref (frozen; reloaded from the policy every ``kl.reset_ref_every`` steps). Under LoRA the
     policy's base weights with the adapter off (:func:`~klgrad.models.lora.base_view`)."""
     tokenizer: object
+    chat: bool
+    """Prompts go through the tokenizer's chat template (``data.prompt_format``; :func:`uses_chat`)."""
     sampler: Sampler
     logprob_fn: LogprobFn
     train_model: torch.nn.Module
@@ -219,6 +222,7 @@ def setup_run(
         policy=policy,
         ref=ref,
         tokenizer=tokenizer,
+        chat=uses_chat(cfg.data.prompt_format, tokenizer),
         sampler=sampler,
         logprob_fn=logprob_fn,
         train_model=train_model,
