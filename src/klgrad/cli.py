@@ -272,6 +272,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+EVAL_REWARDS: tuple[str, ...] = ("accuracy", "final_number")
+"""``klgrad eval --reward`` choices: :data:`klgrad.rewards.ACCURACY_REWARDS` (spelled out for the same reason as
+:data:`EVAL_ENGINES`; a test keeps the two equal)."""
+
 EVAL_ENGINES: tuple[str, ...] = ("klgrad", "hf", "vllm")
 """``klgrad eval --engine`` choices: :data:`klgrad.rollout.samplers.ENGINES` (spelled out: importing the samplers
 loads transformers, which ``klgrad --help`` and the completion scripts should not wait for; a test keeps the two
@@ -320,6 +324,13 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--seed", type=int, default=0, help="sampling seed (every model draws the same random numbers)")
     e.add_argument("--batch-size", type=int, default=32, help="problems per sampler call (default 32)")
     e.add_argument("--no-chat-template", action="store_true", help="raw prompts even when the tokenizer has a template")
+    e.add_argument(
+        "--reward",
+        default="accuracy",
+        choices=EVAL_REWARDS,
+        help="correctness: accuracy (Math-Verify, default) or final_number (Math-Verify on the last number written, "
+        "as the chat arithmetic tasks train)",
+    )
     e.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
     e.set_defaults(func=cmd_eval)
 
@@ -341,6 +352,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             seed=args.seed,
             chat_template=not args.no_chat_template,
             engine=args.engine,
+            reward=args.reward,
         )
         device = resolve_eval_device(args.device, args.engine)
         benchmarks = load_benchmarks(

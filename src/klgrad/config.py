@@ -41,7 +41,9 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     path: str | None = None
-    """Local HF model directory (safetensors + config + tokenizer); None = the embedded tiny reference."""
+    """Model to start from: a local HF folder, a known name (smollm2-135m-instruct), a .gguf file (de-quantized once
+    into ~/.cache/klgrad) or a Hugging Face id (HF cache, else downloaded when online); null = the embedded tiny
+    reference of data.task (docs/models.md). Never runs the model's own code (trust_remote_code off)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Parameter dtype (CPU: float32)."""
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"

@@ -8,8 +8,10 @@ Per benchmark of n problems, with c_i of the K samples of problem i correct and 
     mean_length     = mean over the n·K samples of the response length in tokens (EOS included, as in training)
 
 Correctness is ``klgrad train``'s accuracy reward (:func:`klgrad.rewards.accuracy_reward`: Math-Verify, the same
-answer extraction and time bound). Sampling goes through klgrad's samplers (:func:`klgrad.rollout.samplers
-.make_sampler`): the same seed gives every model the same random numbers (uniforms) for the same problem.
+answer extraction and time bound), or with ``--reward final_number`` its ``final_number`` reward (Math-Verify on the
+last number written, as the chat arithmetic tasks are trained). Sampling goes through klgrad's samplers
+(:func:`klgrad.rollout.samplers.make_sampler`): the same seed gives every model the same random numbers (uniforms)
+for the same problem.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from klgrad.data import Example
 from klgrad.eval.benchmarks import Benchmark, encode_eval_prompts, uses_chat_template
 from klgrad.eval.models import EvalModel, ModelSource, load_eval_model
 from klgrad.eval.passk import mean_pass_at_k
-from klgrad.rewards import accuracy_reward
+from klgrad.rewards import ACCURACY_REWARDS, BUILTIN_REWARDS
 from klgrad.rollout.encoding import decode_responses
 from klgrad.rollout.samplers import ENGINES, Sampler, make_sampler
 from klgrad.trainer.setup import resolve_device
@@ -52,6 +54,8 @@ class EvalSettings:
     seed: int = 0
     chat_template: bool = True
     engine: str = "klgrad"
+    reward: str = "accuracy"
+    """Which built-in correctness reward scores responses (:data:`klgrad.rewards.ACCURACY_REWARDS`)."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -61,6 +65,7 @@ class EvalSettings:
             (self.max_new_tokens is None or self.max_new_tokens >= 1, "--max-new-tokens must be >= 1"),
             (self.batch_size >= 1, f"--batch-size must be >= 1, got {self.batch_size}"),
             (self.engine in ENGINES, f"--engine must be one of {list(ENGINES)}, got {self.engine!r}"),
+            (self.reward in ACCURACY_REWARDS, f"--reward must be one of {list(ACCURACY_REWARDS)}, got {self.reward!r}"),
         )
         for ok, msg in checks:
             if not ok:
@@ -184,8 +189,9 @@ def sample_batch(
     prompts, answers = [e.prompt for e in batch], [e.answer for e in batch]
     greedy_text = decode_responses(m.tokenizer, greedy)
     sample_text = decode_responses(m.tokenizer, sampled)
-    greedy_ok = accuracy_reward(prompts, greedy_text, answer=answers)
-    sample_ok = accuracy_reward(
+    score = BUILTIN_REWARDS[settings.reward]
+    greedy_ok = score(prompts, greedy_text, answer=answers)
+    sample_ok = score(
         [p for p in prompts for _ in range(k)], sample_text, answer=[a for a in answers for _ in range(k)]
     )
     lengths = sampled.lengths.tolist()

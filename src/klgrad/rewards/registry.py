@@ -99,6 +99,7 @@ def accuracy_reward_name(names: Iterable[str]) -> str | None:
     present = set(names)
     return next((n for n in ACCURACY_REWARDS if n in present), None)
 
+
 _SPEC_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 
 

