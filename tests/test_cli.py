@@ -40,7 +40,7 @@ def test_console_script_and_module_run_cli_main():
 
 def test_every_subcommand_runs_its_own_handler():
     commands = _subparsers()
-    assert list(commands) == ["audit", "compare", "train", "sft", "eval", "export", "reproduce", "completion"]
+    assert list(commands) == ["audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "completion"]
     for name, parser in commands.items():
         assert parser.get_default("func") is getattr(cli, f"cmd_{name}"), name
     assert [n for n, p in commands.items() if p.get_default("takes_overrides")] == ["train"]

@@ -66,7 +66,7 @@ def test_bash_script_is_valid_syntax(bash_script, tmp_path):
 def test_bash_completes_subcommands(bash_script):
     got = _bash_complete(bash_script, ["klgrad", ""])
     assert "train" in got
-    assert set(got) == {"audit", "compare", "train", "sft", "eval", "export", "reproduce", "completion"}
+    assert set(got) == {"audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "completion"}
     assert _bash_complete(bash_script, ["klgrad", "tr"]) == ["train"]
 
 
@@ -98,7 +98,17 @@ def test_options_of_one_command_stay_out_of_another(bash_script):
 
 def test_spec_reads_the_parser():
     spec = completion_spec(build_parser())
-    assert spec[""]["words"] == ["audit", "compare", "train", "sft", "eval", "export", "reproduce", "completion"]
+    assert spec[""]["words"] == [
+        "audit",
+        "compare",
+        "train",
+        "sft",
+        "eval",
+        "export",
+        "regime",
+        "reproduce",
+        "completion",
+    ]
     head = next(o for o in spec["train"]["options"] if o.flag == "--kl.head")
     assert head.choices == tuple(KL_HEADS)
 

@@ -1,5 +1,6 @@
 """klgrad command line: ``audit`` (gradient audit), ``compare`` (the paper's KL comparison), ``train``, ``sft``,
-``eval`` (benchmark accuracy and pass@k), ``export`` (a run's policy as a Hugging Face folder), ``reproduce``
+``eval`` (benchmark accuracy and pass@k), ``export`` (a run's policy as a Hugging Face folder), ``regime`` (which
+regime a config's prompts are in), ``reproduce``
 (paper figures) and ``completion`` (shell completion scripts, generated in :mod:`klgrad.completion`).
 
 Each command is two functions side by side: ``add_NAME_parser`` declares its flags, ``cmd_NAME`` runs it. Every
@@ -428,6 +429,51 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_regime_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad regime``: which regime a config's prompts are in (:mod:`klgrad.experiments.regime`)."""
+    r = sub.add_parser(
+        "regime",
+        help="predict from the reference's own samples whether k2 or k3 holds the policy closer (sharpen/discover)",
+        description="Sample the config's reference K times on its first training prompts, group each prompt's "
+        "samples by reward value and compute exactly the sequence-level fixed points of the reverse-KL heads "
+        "(k1_in_reward, k2_as_loss: pi* ~ pi_ref e^(R/beta)) and of k3 (the forward-KL optimum), their KL to the "
+        "reference per prompt and over the set with bootstrap intervals. Writes regime.json and regime.png. Config "
+        "fields are dotted flags (--model.path M --data.task file --data.path D).",
+    )
+    r.add_argument("--config", default=None, help="YAML config (e.g. configs/smollm2_sharpen.yaml); defaults otherwise")
+    r.add_argument("--out", default="runs/regime", help="output folder (default runs/regime)")
+    r.add_argument("--beta", type=float, default=None, help="KL weight of the fixed points (default: kl.beta)")
+    r.add_argument("--samples", type=int, default=32, help="K: reference samples per prompt (default 32)")
+    r.add_argument("--prompts", type=int, default=64, help="training prompts sampled (default 64)")
+    r.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
+    r.set_defaults(func=cmd_regime, takes_overrides=True)
+
+
+def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
+    from klgrad.config import load_config, parse_override_args
+    from klgrad.experiments.regime import run_regime
+    from klgrad.runlock import RunLockedError, run_lock
+
+    try:
+        cfg = load_config(args.config, parse_override_args(overrides))
+        out = Path(args.out)
+        with run_lock(out):
+            result = run_regime(cfg, out, beta=args.beta, samples=args.samples, prompts=args.prompts, seed=args.seed)
+    except (ValueError, OSError, RunLockedError) as e:
+        print(f"klgrad regime: {e}", file=sys.stderr)
+        return 2
+    kl, ci = result["predicted_kl"], result["interval_95"]
+    print(
+        f"{result['n_prompts']} prompts x {result['samples_per_prompt']} samples: reference success rate "
+        f"{result['success_rate']:.3f} ({result['prompts_never_rewarded']} prompts never rewarded)\n"
+        f"predicted KL to the reference at beta={result['beta']:g}: k1_in_reward/k2_as_loss {kl['reverse']:.4f} "
+        f"[{ci['reverse'][0]:.4f}, {ci['reverse'][1]:.4f}], k3 {kl['forward']:.4f} "
+        f"[{ci['forward'][0]:.4f}, {ci['forward'][1]:.4f}]\ncloser to the reference: {result['closer']}\n"
+        f"wrote {out}/regime.json, regime.png"
+    )
+    return 0
+
+
 REPRODUCE_TARGETS: tuple[str, ...] = tuple(TARGETS)
 """``klgrad reproduce`` names (:data:`klgrad.experiments.reproduce.TARGETS`)."""
 
@@ -490,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_sft_parser,
         add_eval_parser,
         add_export_parser,
+        add_regime_parser,
         add_reproduce_parser,
         add_completion_parser,
     ):
@@ -510,7 +557,7 @@ def _quiet_transformers() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if args.command in ("train", "sft", "compare", "reproduce", "eval", "export"):
+    if args.command in ("train", "sft", "compare", "reproduce", "eval", "export", "regime"):
         _quiet_transformers()
     if getattr(args, "takes_overrides", False):
         return int(args.func(args, extra) or 0)
