@@ -138,14 +138,16 @@ def test_known_name_without_its_package_says_how_to_install(monkeypatch: pytest.
         packaged_gguf("smollm2-135m-instruct")
 
 
-def test_gguf_without_the_gguf_package_names_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("absent", ["gguf", "accelerate"])
+def test_gguf_without_its_packages_names_the_extra(absent: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """transformers reads GGUF with the gguf package and refuses without accelerate: both come with klgrad[smol]."""
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == absent else real(name, *a))
     f = tmp_path / "m.gguf"
     f.write_bytes(b"GGUF")
-    with pytest.raises(ModelSourceError, match=r"pip install 'klgrad\[smol\]'"):
+    with pytest.raises(ModelSourceError, match=rf"needs {absent}: pip install 'klgrad\[smol\]'"):
         resolve_model(f)
 
 

@@ -171,10 +171,10 @@ def dequantized(gguf: Path, cache: Path | None = None) -> Path:
     Raises:
         ModelSourceError: the ``gguf`` package is missing (``pip install 'klgrad[smol]'``).
     """
-    if importlib.util.find_spec("gguf") is None:
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:  # transformers reads GGUF with gguf and refuses to without accelerate
         raise ModelSourceError(
-            f"{gguf.name} is a GGUF file; reading it needs the gguf package: pip install 'klgrad[smol]' "
-            "(or pip install gguf)"
+            f"{gguf.name} is a GGUF file; reading it needs {' and '.join(missing)}: pip install 'klgrad[smol]'"
         )
     sha = file_sha256(gguf)
     folder = (cache or cache_root()) / "gguf" / f"{gguf.stem}-{sha[:16]}"
