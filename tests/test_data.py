@@ -112,7 +112,7 @@ def test_heldout_predicate_is_symmetric_and_has_the_documented_share():
     assert all(is_heldout(*map(int, operands(e.prompt))) for e in held)
 
 
-@pytest.mark.parametrize("task", sorted(TASKS))
+@pytest.mark.parametrize("task", sorted(n for n, spec in TASKS.items() if not spec.chat))  # chat: test_chat_tasks
 @pytest.mark.parametrize("digits", [1, 2, 3])
 def test_prompts_answers_targets(task, digits):
     n_train, n_eval = (50, 10) if digits == 1 else (300, 60)
