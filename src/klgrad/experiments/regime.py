@@ -170,41 +170,46 @@ def plot_regime(result: dict[str, Any], path: Path, title: str) -> None:
 
     plt = pyplot()
     beta = result["beta"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 5.0))
     rates = [p["success_rate"] for p in result["prompts"]]
     axes[0].hist(rates, bins=np.linspace(0, 1, 21), color="#1f5f8b", edgecolor="white")
     axes[0].set_title(f"prompts by reference success rate (K = {result['samples_per_prompt']})", fontsize=10)
     axes[0].set_xlabel("success rate")
     axes[0].set_ylabel("prompts")
-    ps = np.linspace(0.005, 0.995, 199)
+    ps = np.geomspace(1e-4, 0.999, 240)
     curves = np.array([fixed_point_kls([(0.0, 1 - p), (1.0, p)], beta) for p in ps])
     axes[1].plot(ps, curves[:, 0], color="#1f5f8b", label="reverse KL optimum π* (k1_in_reward, k2_as_loss)")
     axes[1].plot(ps, curves[:, 1], color="#c0392b", label="forward KL optimum π_f (k3)")
     cross = binary_crossover(beta)
-    if math.isfinite(cross):
-        axes[1].axvline(cross, color="gray", ls=":", label=f"crossover p = {cross:.3f}")
-    axes[1].plot(rates, np.zeros(len(rates)), "|", color="black", ms=12, label="this set's prompts")
+    if math.isfinite(cross) and cross >= ps[0]:
+        axes[1].axvline(cross, color="gray", ls=":", label=f"crossover p = {cross:.3g}: k2 closer left of it")
+    seen = [r for r in rates if r > 0]
+    never = len(rates) - len(seen)
+    axes[1].plot(
+        seen,
+        np.full(len(seen), 1.5e-3),
+        "|",
+        color="black",
+        ms=12,
+        label=f"this set's prompts ({never} never rewarded: not shown)",
+    )
+    axes[1].set_xscale("log")
     axes[1].set_yscale("log")
     axes[1].set_ylim(1e-3, None)
     axes[1].set_title(f"KL(optimum‖π_ref) for a 0/1 reward, β = {beta:g}", fontsize=10)
     axes[1].set_xlabel("reference success rate p")
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
     ci = result["interval_95"]
     values = [result["predicted_kl"]["reverse"], result["predicted_kl"]["forward"]]
-    errors = [
-        [v - ci[k][0] for v, k in zip(values, ("reverse", "forward"), strict=True)],
-        [ci[k][1] - v for v, k in zip(values, ("reverse", "forward"), strict=True)],
-    ]
-    axes[2].bar(
-        ["k1_in_reward / k2_as_loss\n(π*)", "k3_as_loss\n(π_f)"],
-        values,
-        yerr=errors,
-        capsize=6,
-        color=["#1f5f8b", "#c0392b"],
-    )
-    axes[2].set_title(
-        f"predicted KL to the reference (mean of {result['n_prompts']} prompts, 95% bootstrap)", fontsize=10
-    )
+    # percentile intervals need not contain the estimate (the bootstrap mean of a KL of estimated masses is biased):
+    # draw each interval as it is, beside the bar
+    keys = ("reverse", "forward")
+    names = ["k1_in_reward / k2_as_loss\n(π*)", "k3_as_loss\n(π_f)"]
+    axes[2].bar(names, values, color=["#1f5f8b", "#c0392b"], alpha=0.8)
+    for i, k in enumerate(keys):
+        axes[2].plot([i, i], ci[k], color="black", lw=2, marker="_", ms=14, label="95% bootstrap" if i == 0 else None)
+    axes[2].legend(fontsize=8)
+    axes[2].set_title(f"predicted KL to π_ref ({result['n_prompts']} prompts, 95% bootstrap)", fontsize=10)
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(f"{title}: closer to the reference at the fixed point: {result['closer']}", fontsize=11)
