@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from klgrad.config import load_config
-from klgrad.data.tasks import CHAT_TASKS, extract_answer, is_heldout, make_splits, sft_target
+from klgrad.data.example import repeat_columns
+from klgrad.data.tasks import CHAT_TASKS, extract_answer, final_number, is_heldout, make_splits, sft_target
 from klgrad.models import load_model_and_tokenizer
 from klgrad.rewards import accuracy_reward_name, final_number_reward, load_reward_fn
-from klgrad.rewards.registry import final_number
 from klgrad.rollout.encoding import encode_prompts, uses_chat
 from klgrad.trainer.setup import EMBEDDED_DIR
 
@@ -56,11 +56,11 @@ def test_prompt_format_is_validated():
         ("It is -4, I think", "-4"),
         ("2.5 and then 3", "3"),
         ("pi is 3.14", "3.14"),
-        ("no digits here", ""),
-        ("", ""),
+        ("no digits here", None),
+        ("", None),
     ],
 )
-def test_final_number_reads_the_last_number(completion: str, number: str):
+def test_final_number_reads_the_last_number(completion: str, number: str | None):
     assert final_number(completion) == number
 
 
@@ -111,3 +111,10 @@ def test_one_digit_pool_is_complete():
     """digits = 1: every ordered pair of 0..9 is in exactly one split (78 training, 22 held out)."""
     train, heldout = make_splits("chat_addition", 78, 22, seed=0, digits=1)
     assert len({e.prompt for e in train + heldout}) == 100
+
+
+def test_repeat_columns_keeps_groups_contiguous():
+    assert repeat_columns({"answer": ["1", "2"], "id": ["a", "b"]}, 3) == {
+        "answer": ["1", "1", "1", "2", "2", "2"],
+        "id": ["a", "a", "a", "b", "b", "b"],
+    }

@@ -44,3 +44,9 @@ def examples_to_columns(examples: Sequence[Example]) -> dict[str, list[Any]]:
             raise ValueError(f"meta key {key!r} collides with the built-in column of the same name")
         columns[key] = [ex.meta.get(key) for ex in examples]
     return columns
+
+
+def repeat_columns(columns: dict[str, list[Any]], times: int) -> dict[str, list[Any]]:
+    """Every column's values each repeated ``times`` times in place (``[a, b]`` -> ``[a, a, b, b]`` at 2): the
+    columns of G responses per prompt, groups contiguous."""
+    return {name: [v for v in col for _ in range(times)] for name, col in columns.items()}

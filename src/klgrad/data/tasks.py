@@ -93,9 +93,15 @@ def _no_sft_target(example: Example, u: float) -> str:
     raise ValueError(f"{task}: a chat task has no supervised target (RL starts from a pretrained model)")
 
 
-def _final_number_answer(completion: str) -> str | None:
-    found = re.findall(r"-?[0-9]+", completion.replace(",", ""))
-    return found[-1] if found else None
+_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
+
+
+def final_number(completion: str) -> str | None:
+    """The last number written in ``completion`` (thousands commas dropped), or None when it has none:
+    ``"13 * 9 = 129."`` -> ``"129"``, ``"To add 502 and 703, we"`` -> ``"703"``. The chat tasks' answer, read
+    back by the ``final_number`` reward."""
+    found = _NUMBER.findall(completion)
+    return found[-1].rstrip(",").replace(",", "") if found else None
 
 
 def _addition_answer(completion: str) -> str | None:
@@ -147,7 +153,7 @@ TASKS: dict[str, TaskSpec] = {
     "chat_addition": TaskSpec(
         "chat_addition",
         _no_sft_target,
-        _final_number_answer,
+        final_number,
         r"-?\d+",
         prompt=lambda a, b, digits: f"Calculate {a} + {b}. Give just the result.",
         chat=True,
@@ -155,7 +161,7 @@ TASKS: dict[str, TaskSpec] = {
     "chat_multiplication": TaskSpec(
         "chat_multiplication",
         _no_sft_target,
-        _final_number_answer,
+        final_number,
         r"-?\d+",
         prompt=lambda a, b, digits: f"Calculate {a} * {b}. Give just the result.",
         answer=lambda a, b: a * b,

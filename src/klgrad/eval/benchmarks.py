@@ -17,7 +17,7 @@ from torch import Tensor
 from klgrad.data import Example, load_examples
 from klgrad.rewards import accuracy_reward
 from klgrad.rewards.accuracy import gold_as_math
-from klgrad.rollout.encoding import encode_prompts
+from klgrad.rollout.encoding import encode_prompts, uses_chat
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ def answer_warnings(benchmarks: list[Benchmark]) -> list[str]:
 
 
 def uses_chat_template(tokenizer, enabled: bool) -> bool:
-    """True when prompts go through the tokenizer's chat template: it has one and it is not turned off."""
-    return enabled and bool(getattr(tokenizer, "chat_template", None))
+    """True when prompts go through the tokenizer's chat template: it has one and it is not turned off
+    (training's :func:`~klgrad.rollout.encoding.uses_chat` with ``auto``, or ``raw`` when off)."""
+    return uses_chat("auto" if enabled else "raw", tokenizer)
 
 
 def encode_eval_prompts(tokenizer, prompts: list[str], *, chat_template: bool) -> tuple[Tensor, Tensor]:

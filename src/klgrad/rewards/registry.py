@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from klgrad.data.tasks import final_number
 from klgrad.rewards.accuracy import math_verify_reward
 from klgrad.rewards.format import FORMAT_PATTERNS, regex_format_reward
 
@@ -60,16 +61,6 @@ def format_reward(prompts: list[str], completions: list[str], **columns: Any) ->
     return out
 
 
-_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")
-
-
-def final_number(completion: str) -> str:
-    """The last number written in ``completion`` (thousands commas dropped), or ``""`` when it has none:
-    ``"13 * 9 = 129."`` -> ``"129"``, ``"To add 502 and 703, we"`` -> ``"703"``."""
-    found = _NUMBER.findall(completion)
-    return found[-1].rstrip(",").replace(",", "") if found else ""
-
-
 def final_number_reward(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
     """Built-in ``final_number``: Math-Verify equality of the completion's *last number* with the ``answer``.
 
@@ -80,7 +71,7 @@ def final_number_reward(prompts: list[str], completions: list[str], **columns: A
     """
     if "answer" not in columns:
         raise ValueError("the final_number reward needs an 'answer' column")
-    return math_verify_reward([final_number(c) for c in completions], columns["answer"])
+    return math_verify_reward([final_number(c) or "" for c in completions], columns["answer"])
 
 
 BUILTIN_REWARDS: dict[str, RewardFn] = {

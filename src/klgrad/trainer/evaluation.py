@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from klgrad.config import Config
-from klgrad.data.example import Example, examples_to_columns
+from klgrad.data.example import Example, examples_to_columns, repeat_columns
 from klgrad.experiments.exact_objective import exact_objective
 from klgrad.kl import sequence_kl_estimates, sequence_log_ratio
 from klgrad.logprobs import sequence_logprobs
@@ -63,9 +63,8 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
         )
 
     sampled = sample(cfg.rollout.top_p)  # (P·k) responses, each prompt's k contiguous
-    repeated = {name: [v for v in col for _ in range(k)] for name, col in columns.items()}
     texts = decode_responses(tokenizer, sampled)
-    sampled_rewards = compute_rewards(specs, [p for p in prompts for _ in range(k)], texts, repeated)
+    sampled_rewards = compute_rewards(specs, [p for p in prompts for _ in range(k)], texts, repeat_columns(columns, k))
     out["eval/sampled_reward"] = sum(sampled_rewards.total) / len(sampled_rewards.total)
     if acc_name is not None:
         hits = sampled_rewards.per_function[acc_name]
