@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from klgrad.experiments.exact_kl import tree_kl
+from klgrad.experiments.exact_kl import clustered_mean_se, stepwise_kl, tree_kl
 from tiny_llama import BOS, EOS, PAD, V, tiny_llama64
 
 pytestmark = pytest.mark.numerics
@@ -75,3 +75,61 @@ def test_identical_models_have_zero_kl():
     m = tiny(4)
     res = tree_kl(m, m, [[BOS, 3, 4]], eos_id=EOS, pad_id=PAD, max_new_tokens=T, prune=0.0)
     assert abs(res["kl"]) < 1e-12
+
+
+def all_responses() -> list[list[int]]:
+    """Every response of at most T tokens: EOS-terminated, or T tokens without EOS."""
+    live = [t for t in range(V) if t != EOS]
+    out = [[*p, EOS] for k in range(T) for p in itertools.product(live, repeat=k)]
+    return out + [list(p) for p in itertools.product(live, repeat=T)]
+
+
+def response_batch(prompt: list[int], responses: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention mask, response mask): the prompt, then each response right-padded to T."""
+    ids = torch.full((len(responses), len(prompt) + T), PAD)
+    resp_mask = torch.zeros((len(responses), T), dtype=torch.bool)
+    for i, y in enumerate(responses):
+        ids[i, : len(prompt)] = torch.tensor(prompt)
+        ids[i, len(prompt) : len(prompt) + len(y)] = torch.tensor(y)
+        resp_mask[i, : len(y)] = True
+    attn = torch.cat([torch.ones((len(responses), len(prompt)), dtype=torch.bool), resp_mask], dim=1)
+    return ids, attn, resp_mask
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_stepwise_kl_is_unbiased_by_full_enumeration(temperature):
+    """Σ_y π(y)·S(y) over every response is the sequence KL (the chain rule): S's expectation, with no sampling."""
+    policy, ref = tiny(5), tiny(6)
+    prompt = [BOS, 3, 4]
+    responses = all_responses()
+    ids, attn, resp_mask = response_batch(prompt, responses)
+    s = stepwise_kl(policy, ref, ids, attn, len(prompt), resp_mask, temperature, rows_per_pass=7)
+    weights = torch.tensor([seq_logp(policy, prompt, y, temperature) for y in responses], dtype=torch.float64).exp()
+    want = tree_kl(policy, ref, [prompt], eos_id=EOS, pad_id=PAD, max_new_tokens=T, temperature=temperature, prune=0.0)
+    # Same float32-softmax caveat as above (~1e-9 per prefix across layouts): rel 1e-6 holds it with room.
+    assert float(weights.sum()) == pytest.approx(1.0, abs=1e-7)
+    assert float((weights * s).sum()) == pytest.approx(want["kl"], rel=1e-6, abs=1e-9)
+    assert bool((s >= 0).all())
+
+
+def test_stepwise_kl_has_no_more_variance_than_k1():
+    """Rao–Blackwell: S(y) = E[k1 | the prefixes], so Var_π(S) ≤ Var_π(k1), computed exactly over every response."""
+    policy, ref = tiny(7), tiny(8)
+    prompt = [BOS, 4]
+    responses = all_responses()
+    ids, attn, resp_mask = response_batch(prompt, responses)
+    s = stepwise_kl(policy, ref, ids, attn, len(prompt), resp_mask)
+    lp = torch.tensor([seq_logp(policy, prompt, y, 1.0) for y in responses], dtype=torch.float64)
+    k1 = lp - torch.tensor([seq_logp(ref, prompt, y, 1.0) for y in responses], dtype=torch.float64)
+    w = lp.exp()
+    mean_s, mean_k1 = (w * s).sum(), (w * k1).sum()
+    assert float(mean_s) == pytest.approx(float(mean_k1), rel=1e-6)
+    assert float((w * (s - mean_s) ** 2).sum()) < float((w * (k1 - mean_k1) ** 2).sum())
+
+
+def test_clustered_mean_se_by_hand():
+    values = torch.tensor([1.0, 3.0, 10.0, 10.0, 10.0, 4.0])
+    groups = torch.tensor([0, 0, 1, 1, 1, 2])
+    mean, se = clustered_mean_se(values, groups)
+    assert mean == pytest.approx((2.0 + 10.0 + 4.0) / 3)
+    assert se == pytest.approx((2.0 / 2) ** 0.5 / 3)  # group 0: s² = 2 over 2 draws; group 1 has no spread

@@ -118,3 +118,27 @@ def test_regime_on_the_embedded_reference(tmp_path: Path):
         assert math.isclose(sum(m for _, m in p["masses"]), 1.0, rel_tol=1e-12)
         assert (p["kl_reverse"], p["kl_forward"]) == fixed_point_kls([tuple(m) for m in p["masses"]], cfg.kl.beta)
     assert (tmp_path / "regime.png").stat().st_size > 10_000
+
+
+COMMITTED = sorted((Path(__file__).resolve().parents[1] / "results" / "regime").glob("*/regime.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)
+def test_committed_results_recompute_from_their_own_masses(path: Path):
+    """Every per-prompt KL of a committed regime.json is the fixed points of its own masses, the set's predicted
+    KL their mean, and each prompt's masses a distribution (same float64 code: rounding only, 1e-12)."""
+    result = json.loads(path.read_text())
+    assert len(result["prompts"]) == result["n_prompts"]
+    for p in result["prompts"]:
+        masses = [tuple(m) for m in p["masses"]]
+        assert sum(m for _, m in masses) == pytest.approx(1.0, abs=1e-12)
+        rev, fwd = fixed_point_kls(masses, result["beta"])
+        assert p["kl_reverse"] == pytest.approx(rev, rel=1e-12, abs=1e-12)
+        assert p["kl_forward"] == pytest.approx(fwd, rel=1e-12, abs=1e-12)
+    n = result["n_prompts"]
+    assert result["predicted_kl"]["reverse"] == pytest.approx(sum(p["kl_reverse"] for p in result["prompts"]) / n)
+    assert result["predicted_kl"]["forward"] == pytest.approx(sum(p["kl_forward"] for p in result["prompts"]) / n)
+
+
+def test_the_committed_regime_results_are_there():
+    assert {p.parent.name for p in COMMITTED} >= {"tiny_add", "tiny_discovery", "smollm2_sharpen", "smollm2_discover"}

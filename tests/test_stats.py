@@ -124,6 +124,43 @@ def test_paired_false_positive_rate_is_near_alpha():
     assert 0.02 < hits / 400 < 0.09
 
 
+def test_zero_variance_differences_get_the_exact_sign_flip_p():
+    # Two seeds with the same difference: t would be infinite (p = 0), but 2 of the 4 equally likely sign
+    # patterns are as extreme, so p = 0.5 and nothing is decided.
+    assert paired_t_p([0.3, 0.3], "two-sided") == 0.5
+    assert paired_t_p([0.3, 0.3], "greater") == 0.25
+    assert paired_t_p([0.3, 0.3], "less") == 1.0
+    assert paired_t_p([0.2, 0.2], "less", shift=0.2) == 1.0  # d = shift exactly: no evidence either way
+    got = decide([paired_less([1.0, 2.0], [1.3, 2.3])])[0]
+    assert got["p_value"] == 0.5
+    assert got["verdict"] == UNRESOLVED
+    # Six equal differences: 2/64 < 0.05, as the sign-flip test itself would say.
+    assert decide([paired_less([0.0] * 6, [0.5] * 6)])[0]["verdict"] == SUPPORTED
+    # TOST with equal differences inside the margin: each one-sided sign-flip p is 2^-n.
+    assert paired_equivalent([0.01] * 3, [0.0] * 3, margin=0.1)["p_value"] == 1 / 8
+
+
+def test_one_holm_family_holds_both_hypotheses_of_an_equivalence_claim():
+    """m counts the equivalence claim twice; its difference p is adjusted by the same step-down, not apart."""
+    tests = [
+        {"kind": "less", "p_value": 0.004, "mean_difference": -1.0},
+        {"kind": "equivalent", "p_value": 0.9, "p_difference": 0.012, "mean_difference": 0.5},
+    ]
+    got = decide(tests)
+    # family (0.004, 0.9, 0.012): Holm → 0.012, 0.9, max(0.012, 2·0.012) = 0.024
+    assert got[0]["p_adjusted"] == pytest.approx(0.012)
+    assert got[0]["verdict"] == SUPPORTED
+    assert got[1]["p_adjusted"] == pytest.approx(0.9)
+    assert got[1]["p_difference_adjusted"] == pytest.approx(0.024)
+    assert got[1]["verdict"] == OPPOSITE
+    # With a third, weaker ordering claim the difference's rank moves: (0.004, 0.9, 0.012, 0.03) → 0.016,
+    # 0.9, 0.036, 0.06: still opposite, and the weak claim is not resolved.
+    got = decide([*tests, {"kind": "less", "p_value": 0.03, "mean_difference": -1.0}])
+    assert got[1]["p_difference_adjusted"] == pytest.approx(0.036)
+    assert got[2]["p_adjusted"] == pytest.approx(0.06)
+    assert got[2]["verdict"] == UNRESOLVED
+
+
 def test_paired_samples_must_have_one_value_per_seed():
     with pytest.raises(ValueError, match="one value per seed"):
         paired_differences([1.0, 2.0], [1.0])

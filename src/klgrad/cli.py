@@ -132,7 +132,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         help="the paper's KL comparison: none, k1/k2/k3 as loss, k1 in reward; x seeds; with statistics",
         description="Train every method for every seed (and beta) with everything else equal; write the "
         "paper-style figure, a reward-KL frontier, and summary.json/.md with mean ± 95% CI and a verdict for "
-        "each of the paper's predictions from a named test. Finished runs are skipped, interrupted ones resumed.",
+        "each of the paper's predictions from a named test. Finished runs are skipped, interrupted ones resumed. "
+        "Other config fields are dotted flags applied to every run (--rollout.prompts_per_step 4).",
     )
     c.add_argument("--config", default="configs/tiny_add.yaml", help="base training config")
     c.add_argument("--out", default="runs/compare", help="output folder")
@@ -146,16 +147,56 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         help="where the KL heads act (default token: what GRPO/verl do, as in the paper's runs)",
     )
     c.add_argument("--methods", default=None, help="comma-separated subset of the methods")
-    c.set_defaults(func=cmd_compare)
+    c.add_argument("--kl-prompts", type=int, default=20, help="held-out prompts of the final KL (default 20)")
+    c.add_argument("--kl-samples", type=int, default=16, help="policy samples per prompt of the final KL (default 16)")
+    c.add_argument(
+        "--margin",
+        type=float,
+        default=None,
+        help="equivalence margin of 'k1_as_loss ~ none', nats of final KL, stated before the runs (default 0.1)",
+    )
+    c.add_argument(
+        "--no-checkpoints",
+        action="store_true",
+        help="delete each run's checkpoints once its final numbers are written (a real model's are GBs per run)",
+    )
+    c.set_defaults(func=cmd_compare, takes_overrides=True)
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+GRID_KEYS = ("kl.head", "kl.beta", "kl.form", "kl.level", "train.seed", "train.out_dir", "train.steps")
+"""Config fields ``klgrad compare`` sets per run; set them with its own flags, not as overrides."""
+
+
+def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
+    from klgrad.config import ConfigError, parse_override_args
     from klgrad.experiments.compare import METHODS, run_compare
+    from klgrad.runlock import RunLockedError
 
     methods = tuple(args.methods.split(",")) if args.methods else METHODS
     bad = [m for m in methods if m not in METHODS]
-    if bad or args.seeds < 2 or args.steps < 1:
-        why = f"unknown methods {bad}; choose from {list(METHODS)}" if bad else "--seeds must be >= 2, --steps >= 1"
+    why = None
+    if (
+        bad
+        or args.seeds < 2
+        or args.steps < 1
+        or args.kl_prompts < 1
+        or args.kl_samples < 2
+        or (args.margin is not None and not args.margin > 0)
+    ):
+        why = (
+            f"unknown methods {bad}; choose from {list(METHODS)}"
+            if bad
+            else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0"
+        )
+    try:
+        extra = parse_override_args(overrides)
+    except ConfigError as e:
+        why = str(e)
+        extra = {}
+    fixed = sorted(set(extra) & set(GRID_KEYS))
+    if fixed:
+        why = f"{fixed} are set by the grid per run (use --betas, --level, --seeds, --steps, --out)"
+    if why:
         print(f"klgrad compare: {why}", file=sys.stderr)
         return 2
     betas = tuple(float(b) for b in args.betas.split(","))
@@ -168,8 +209,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
             betas=betas,
             level=args.level,
             methods=methods,
+            exact_prompts=args.kl_prompts,
+            estimate_samples=args.kl_samples,
+            extra_overrides=extra,
+            keep_checkpoints=not args.no_checkpoints,
+            **({} if args.margin is None else {"margin": args.margin}),
         )
-    except ValueError as e:
+    except (ValueError, RunLockedError) as e:
         print(f"klgrad compare: {e}", file=sys.stderr)
         return 2
     from klgrad.experiments.compare import summary_markdown

@@ -244,12 +244,14 @@ def combined_advantages(
 
         A_{i,t} = shape(x)_i + s_{-i} · β · Σ_{t'<t} c_t',   x_i = R_i - β Σ_t c_t   (B, T),
 
-    so A_{i,1} = shape(x)_i is the sequence-level advantage and the prefix term removes the KL already paid
-    before t. s_{-i} (:func:`klgrad.advantages.leave_one_out_scale`) is the shaping's normalisation computed
-    *without* sample i (1 for baseline-only shaping): independent of y_i, so the prefix term has zero expected
-    gradient and the expected gradient equals the sequence level's exactly. A scale using sample i's own total
+    so A_{i,1} = shape(x)_i, the advantage of the summed per-token coefficients, and the prefix term removes the
+    KL already paid before t. s_{-i} (:func:`klgrad.advantages.leave_one_out_scale`) is the shaping's
+    normalisation computed *without* sample i (1 for baseline-only shaping): independent of y_i, so the prefix
+    term has zero expected gradient and the expected gradient is shape(x)_i's. That equals the sequence level's
+    only when Σ_t c(u_t) = c(Σ_t u_t), i.e. for linear coefficients (k1_in_reward, k2_as_loss); for k3 the two
+    levels' expected gradients differ (0.09–0.34 relative in exact enumeration). A scale using sample i's own total
     (the full group std) would not: its prefix term is correlated with y_t.. and biases the gradient. s_{-i} = 0
-    (prefix term dropped, the sequence-level advantage on every token) where the leave-one-out std is undefined
+    (prefix term dropped, shape(x)_i on every token) where the leave-one-out std is undefined
     (G = 2 with group normalisation) or 0. The variance is not guaranteed lower than the sequence level's under
     a normalising shaper. ``logp`` is the *current* detached policy: recompute every epoch.
     """

@@ -211,3 +211,65 @@ def sampled_kl_estimates(seq_log_ratio: Tensor) -> dict[str, float]:
     out: dict[str, float] = {k: float(v.mean()) for k, v in sequence_kl_estimates(u).items()}
     out["k1_stderr"] = float(u.std() / max(1, u.numel()) ** 0.5) if u.numel() > 1 else float("nan")
     return out
+
+
+def _step_logprobs(model, ids: Tensor, mask: Tensor, n_resp: int, temperature: float) -> Tensor:
+    """(R, T, V) float64 next-token log-probs at the response positions: position j − 1 predicts token j."""
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, logits_to_keep=n_resp + 1).logits
+    return torch.log_softmax(logits[:, :-1].double() / temperature, dim=-1)
+
+
+@torch.no_grad()
+def stepwise_kl(
+    policy,
+    ref,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_start: int,
+    response_mask: Tensor,
+    temperature: float = 1.0,
+    rows_per_pass: int = 8,
+) -> Tensor:
+    r"""Per sampled response, the sum of exact next-token KLs along its path: (N,) float64.
+
+    For y ~ π(·|x), with both distributions at temperature τ over the full vocabulary,
+
+        S(y) = Σ_{t < |y|} KL( π(·|x, y_{<t}) ‖ π_ref(·|x, y_{<t}) ),   E_{y~π}[S(y)] = KL(π(·|x) ‖ π_ref(·|x))
+
+    by the chain rule of KL over whole responses (EOS and the length cap end both models' responses at the same
+    place). S is the Rao–Blackwellisation of the sampled log-ratio k1 = Σ_t log π(y_t|·)/π_ref(y_t|·): each
+    term is k1's term averaged over the token drawn at that step, so S has the same mean and never more
+    variance. It is the estimator of sequence KL for vocabularies too large for tree enumeration.
+
+    ``input_ids``/``attention_mask`` (N, L) hold left-padded prompts in ``[:, :response_start]`` and responses
+    after; ``response_mask`` (N, L − response_start) marks the generated tokens (EOS included).
+    """
+    device = next(policy.parameters()).device
+    n_resp = input_ids.shape[1] - response_start
+    out = torch.zeros(input_ids.shape[0], dtype=torch.float64)
+    for lo in range(0, input_ids.shape[0], rows_per_pass):
+        sl = slice(lo, lo + rows_per_pass)
+        ids, mask = input_ids[sl].to(device), attention_mask[sl].to(device)
+        lp, lq = (_step_logprobs(m, ids, mask, n_resp, temperature) for m in (policy, ref))
+        kl_t = (lp.exp() * (lp - lq)).sum(-1).clamp(min=0.0)  # (R, T); ≥ 0 up to rounding
+        out[sl] = (kl_t * response_mask[sl].to(device)).sum(-1).cpu()
+    return out
+
+
+def clustered_mean_se(values: Tensor, groups: Tensor) -> tuple[float, float]:
+    """Mean over groups of each group's mean, and its standard error from the within-group spread.
+
+    ``values`` (N,) are i.i.d. draws within each group (samples of one prompt), ``groups`` (N,) long their
+    group; the estimand is the average over the G fixed groups of each group's expectation, so
+    SE² = Σ_g s_g²/n_g / G² (s_g² the unbiased sample variance of group g; a group of one draw contributes 0).
+    """
+    v = values.double()
+    ids = groups.unique()
+    means, var_terms = [], []
+    for g in ids:
+        x = v[groups == g]
+        means.append(float(x.mean()))
+        var_terms.append(float(x.var() / x.numel()) if x.numel() > 1 else 0.0)
+    k = len(ids)
+    return sum(means) / k, (sum(var_terms) ** 0.5) / k

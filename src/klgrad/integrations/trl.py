@@ -28,8 +28,10 @@ generation time (TRL's ``old_per_token_logps`` when it has them, else one extra 
 is klgrad's ``shaping`` method (default from TRL's ``scale_rewards``: ``group`` -> ``grpo``, ``none`` ->
 ``dr_grpo``). The advantages are stored as a (B, T) tensor, which TRL's ``_compute_loss`` accepts as is, so
 ``token_to_go`` gives every token its own advantage A_{i,t} = shape(R - β·C)_i + s_{-i}·β·Σ_{t'<t} c_{t'}, with
-s_{-i} the shaping's normalisation computed without completion i, so its expected gradient is exactly the
-sequence level's (sequence level: the same value on every token). The coefficients are computed once per
+s_{-i} the shaping's normalisation computed without completion i, so the prefix terms have zero expected
+gradient: for heads whose per-token coefficients add up to the sequence's (k1_in_reward, k2_as_loss) the
+expected gradient is exactly the sequence level's (sequence level: the same value on every token); for k3 it
+is not (Σ_t c(u_t) ≠ c(Σ_t u_t)). The coefficients are computed once per
 generation batch (groups are split into micro-batches later) with the behaviour policy's log-probs, as PPO does;
 TRL's clipped importance ratio corrects later iterations. ``klgrad train`` recomputes them from the current
 log-probs at every epoch (docs/math.md, “Off-policy: importance sampling and the clip side”); this
