@@ -33,6 +33,7 @@ from klgrad.experiments.exact_kl import clustered_mean_se, sampled_kl_estimates,
 from klgrad.experiments.exact_objective import PRUNE
 from klgrad.experiments.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
 from klgrad.plotting import pyplot, save
+from klgrad.rewards import accuracy_reward_name
 from klgrad.runlock import run_lock
 from klgrad.trainer import load_data, read_jsonl, reference_path, reward_specs, train
 
@@ -69,7 +70,7 @@ FINAL_KEYS = (
 )
 KL_LABELS = {
     "exact_kl": "exact",
-    "stepwise_kl": "sampled, Rao–Blackwellised: Σ_t exact next-token KL along each sample",
+    "stepwise_kl": "sampled, Rao–Blackwellised",
     "sampled_k1": "sampled k1",
 }
 OBJECTIVE_KEYS = ("J", "J_star", "kl_to_optimum")
@@ -511,6 +512,7 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
 
     b = betas[0]
     fig, axes = plt.subplots(4, 3, figsize=(14, 13))
+    drawn: set[int] = set()  # panels that got data
     for m in methods:
         seeds = [s for mm, bb, s in grid if mm == m and bb == b]
         if not seeds:
@@ -519,7 +521,12 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
         series = [[r for r in rs if "reward/mean" in r] for rs in runs]
         n = min(len(s) for s in series)
         steps = [r["step"] for r in series[0][:n]]
-        for ax, (key, label) in zip(axes.flat[:9], PANELS, strict=True):
+        logged = {k.removeprefix("reward/") for r in series[0][:1] for k in r}
+        accuracy_key = "reward/" + (accuracy_reward_name(logged) or "accuracy")  # the task's accuracy reward
+        for i, (ax, (key, label)) in enumerate(zip(axes.flat[:9], PANELS, strict=True)):
+            key = accuracy_key if key == "reward/accuracy" else key
+            if any(r.get(key) is not None for s in series for r in s[:n]):
+                drawn.add(i)
             y = np.array([[r[key] if r.get(key) is not None else np.nan for r in s[:n]] for s in series])
             k = max(1, n // 25)  # light smoothing for readability (moving average over k steps)
             kernel = np.ones(k) / k
@@ -534,6 +541,7 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
             evals = [{r["step"]: r[key] for r in rs if r.get(key) is not None} for rs in runs]
             common = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
             if common:
+                drawn.add(9 + EVAL_PANELS.index((key, label)))
                 y = np.array([[e[t] for t in common] for e in evals])  # (seeds, evals)
                 ax.errorbar(
                     common, y.mean(0), yerr=y.std(0), color=COLORS.get(m), marker="o", ms=4, lw=1.4, capsize=3, label=m
@@ -541,6 +549,13 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
             ax.set_title(label, fontsize=10)
             ax.set_xlabel("step", fontsize=8)
             ax.grid(alpha=0.3)
+    for i, ax in enumerate(axes.flat):
+        if i not in drawn:  # e.g. the exact panels of a model whose vocabulary is too large to enumerate
+            ax.cla()
+            ax.set_title(ax.get_title() or (PANELS + EVAL_PANELS)[i][1], fontsize=10)
+            ax.text(0.5, 0.5, "not measured in these runs", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
     for ax in (axes.flat[0], axes.flat[9]):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
