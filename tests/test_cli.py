@@ -43,7 +43,7 @@ def test_every_subcommand_runs_its_own_handler():
     assert list(commands) == ["audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "completion"]
     for name, parser in commands.items():
         assert parser.get_default("func") is getattr(cli, f"cmd_{name}"), name
-    assert [n for n, p in commands.items() if p.get_default("takes_overrides")] == ["train", "regime"]
+    assert [n for n, p in commands.items() if p.get_default("takes_overrides")] == ["compare", "train", "regime"]
 
 
 def test_flag_choices_are_what_the_code_implements():

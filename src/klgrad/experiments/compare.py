@@ -6,7 +6,9 @@ uses ``token_to_go``, the per-token return form, since a combined coefficient mu
 seed) is a ``klgrad train`` run in ``OUT/runs/``; finished runs are skipped and interrupted ones resumed.
 
 Per run the final numbers are: held-out greedy accuracy (last evaluation), the exact KL(π‖π_ref) on held-out
-prompts by prefix-tree enumeration (short-answer tasks), the sampled k1/k2/k3 estimates on the same prompts,
+prompts by prefix-tree enumeration (short-answer tasks; for longer answers the stepwise estimate
+:func:`~klgrad.experiments.exact_kl.stepwise_kl`, exact next-token KLs summed along policy samples, with its
+standard error), the sampled k1/k2/k3 estimates on the same prompts,
 and the mean over the last 10 steps of the training-batch log-prob gap, reward std within groups and KL. For
 short-answer tasks ``objective`` also gives, on the same prompts, the exact regularised objective J_β = E_π[R] −
 β·KL(π‖π_ref) of the final policy, its optimum J* and the policy's distance to it, KL(π‖π*) = (J* − J_β)/β, so
@@ -15,8 +17,8 @@ logs the same (``eval/J``, ``eval/J_star``, ``eval/kl_to_optimum``).
 
 Design: runs of one seed draw the same prompts and the same sampling uniforms whatever their method
 (:func:`klgrad.trainer.prompt_indices`, :func:`klgrad.trainer.rollout_uniforms`), so the seed is a block and every
-prediction is decided on per-seed differences by a paired test, Holm-adjusted across the predictions of one
-summary (:mod:`klgrad.experiments.stats`), never by eye.
+prediction is decided on per-seed differences by a paired test, every tested hypothesis of one summary in one
+Holm family (:mod:`klgrad.experiments.stats`), never by eye.
 """
 
 from __future__ import annotations
@@ -463,7 +465,8 @@ def summary_markdown(summary: dict) -> str:
         "## The predictions",
         "",
         "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test, "
-        "p Holm-adjusted across the predictions; exact sign-flip p and the unpaired Welch p for comparison.",
+        "p Holm-adjusted over every tested hypothesis (an equivalence claim brings two: TOST and difference); exact "
+        "sign-flip p and the unpaired Welch p for comparison.",
         "",
         "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p | Welch p | verdict |",
         "|---|---|---|---|---|---|---|---|",
