@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from klgrad.logprobs import position_ids_from_mask
+
 
 @torch.no_grad()
 def _next_logprobs(model, rows: list[list[int]], pad_id: int, temperature: float) -> Tensor:
@@ -215,7 +217,7 @@ def sampled_kl_estimates(seq_log_ratio: Tensor) -> dict[str, float]:
 
 def _step_logprobs(model, ids: Tensor, mask: Tensor, n_resp: int, temperature: float) -> Tensor:
     """(R, T, V) float64 next-token log-probs at the response positions: position j − 1 predicts token j."""
-    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    pos = position_ids_from_mask(mask)
     logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, logits_to_keep=n_resp + 1).logits
     return torch.log_softmax(logits[:, :-1].double() / temperature, dim=-1)
 
