@@ -128,8 +128,10 @@ def exact_objective(space: TabularSpace, target: str, logits: Tensor, ref_logits
     rkl: Σ_y π log(π/π_ref);  fkl: Σ_y π_ref log(π_ref/π);  mse: ½ Σ_y (π - π_ref)²;
     js: ½ Σ_y [π log(2π/(π + π_ref)) + π_ref log(2π_ref/(π + π_ref))] (Jensen–Shannon);
     local_{rkl,fkl,mse,js}: Σ_s sg(P(s)) D(π(·|s), π_ref(·|s));  expected_length: Σ_y π(y)|y|;  zero: 0.
+    Length-weighted (what a per-sequence token mean 1/|y| can reach): rkl_per_token: Σ_y π log(π/π_ref)/|y|;
+    fkl_per_token: Σ_y π_ref log(π_ref/π)/|y|;  inverse_length: Σ_y π(y)/|y|.
     """
-    if target in ("rkl", "fkl", "mse", "js", "expected_length"):
+    if target in ("rkl", "fkl", "mse", "js", "expected_length", "rkl_per_token", "fkl_per_token", "inverse_length"):
         lp = sequence_logps(space, logits)  # (N,)
         lr = sequence_logps(space, ref_logits).detach()  # (N,)
         p, pr = lp.exp(), lr.exp()
@@ -141,7 +143,14 @@ def exact_objective(space: TabularSpace, target: str, logits: Tensor, ref_logits
             return 0.5 * ((p - pr) ** 2).sum()
         if target == "js":
             return _js(p, lp, pr, lr).sum()
-        return (p * space.lengths.to(p.dtype)).sum()
+        length = space.lengths.to(p.dtype)  # (N,)
+        if target == "rkl_per_token":
+            return (p * (lp - lr) / length).sum()
+        if target == "fkl_per_token":
+            return (pr * (lr - lp) / length).sum()
+        if target == "inverse_length":
+            return (p / length).sum()
+        return (p * length).sum()
     if target.startswith("local_"):
         reach = state_log_reach(space, logits).detach().exp()  # (S,)
         lp = torch.log_softmax(logits, -1)  # (S, V)
