@@ -479,17 +479,24 @@ def test_train_logs_klgrad_metrics(
     assert steps[-1]["kl/k3"] > 0  # the policy moved away from the reference
 
 
-@pytest.mark.parametrize("bias_correction", [False, True])
-def test_audit_presets_are_trls_own_kl(setup: dict, dataset: Dataset, bias_correction: bool) -> None:
-    """The TRL presets of ``klgrad audit --framework trl`` against TRL itself on the same tensors: with zero
+TRL_PRESETS = {  # audit preset id -> the GRPOConfig that selects it
+    "trl/grpo-k3": {"use_bias_correction_kl": False},
+    "trl/grpo-k3-bias-correction": {"use_bias_correction_kl": True},
+    "trl/grpo-k3-bias-correction-gspo": {"use_bias_correction_kl": True, "importance_sampling_level": "sequence"},
+}
+
+
+@pytest.mark.parametrize("preset_id", list(TRL_PRESETS))
+def test_audit_presets_are_trls_own_kl(setup: dict, dataset: Dataset, preset_id: str) -> None:
+    """The GRPO presets of ``klgrad audit --framework trl`` against TRL itself on the same tensors: with zero
     advantages TRL's loss is β·(its per-token KL, token-mean over the batch, loss_type "bnpo"), so the preset's
     per-token term aggregated the same way must give TRL's loss and its gradient w.r.t. the log-probs, on- and
     off-policy. Tolerances: ``check``'s (the same arithmetic, other operation order)."""
     from klgrad.audit.frameworks import select
 
-    preset = select("trl")[1 if bias_correction else 0]
+    (preset,) = [p for p in select("trl") if p.id == preset_id]
     model, tok, out, inputs = setup["model"], setup["tokenizer"], setup["out"], setup["inputs"]
-    trl = make_trainer(GRPOTrainer, model, tok, dataset, out, use_bias_correction_kl=bias_correction)
+    trl = make_trainer(GRPOTrainer, model, tok, dataset, out, **TRL_PRESETS[preset_id])
     trl.loss_type = "bnpo"
     set_mode([trl], model, False)
     loss_diff, grad_diff = 0.0, 0.0
@@ -499,7 +506,7 @@ def test_audit_presets_are_trls_own_kl(setup: dict, dataset: Dataset, bias_corre
         logp = policy_logps(trl, model, batch).detach().requires_grad_(True)
         mask = batch["completion_mask"].to(logp.dtype)
         old = batch.get("old_per_token_logps", logp.detach())
-        term = preset.token_kl(logp, batch["ref_per_token_logps"], old)  # (B, T)
+        term = preset.token_kl(logp, batch["ref_per_token_logps"], old, batch["completion_mask"].bool())  # (B, T)
         ours = BETA * (term * mask).sum() / mask.sum()
         (g_logp,) = torch.autograd.grad(ours, logp)
         loss_diff = max(loss_diff, abs(float(ours) - trl_loss))

@@ -313,14 +313,14 @@ def vs_verl(d: dict) -> dict:
     return out
 
 
-VERL_OPTIONS = {  # klgrad.audit.frameworks' verl preset -> verl's kl_penalty option it reproduces
-    "kl_loss_type=k1 (kl)": "kl",
-    "kl_loss_type=abs": "abs",
-    "kl_loss_type=mse (k2)": "mse",
-    "kl_loss_type=low_var_kl (k3)": "low_var_kl",
-    "kl_loss_type=low_var_kl+ (k3 value, k2 gradient)": "low_var_kl+",
-    "use_kl_in_reward (k1, GRPO outcome advantage)": "kl",
-    "use_kl_in_reward (k1, GAE γ = λ = 1)": "kl",
+VERL_OPTIONS = {  # klgrad.audit.presets' verl preset id -> verl's kl_penalty option it reproduces
+    "verl/kl-loss-k1": "kl",
+    "verl/kl-loss-abs": "abs",
+    "verl/kl-loss-mse": "mse",
+    "verl/kl-loss-low-var-kl": "low_var_kl",
+    "verl/kl-loss-low-var-kl-plus": "low_var_kl+",
+    "verl/kl-reward-grpo": "kl",
+    "verl/kl-reward-gae": "kl",
 }
 
 
@@ -332,11 +332,11 @@ def audit_presets() -> dict:
 
     _, (l, r) = _log_ratios()
     out = {}
-    for preset in select("verl"):
-        option = VERL_OPTIONS[preset.variant]
+    for preset in select("verl", verl.__version__):
+        option = VERL_OPTIONS[preset.id]
         v_verl, g_verl = _grad(partial(core_algos.kl_penalty, kl_penalty=option), l, r)
-        v_kg, g_kg = _grad(lambda l_, r_, p=preset: p.token_kl(l_, r_, l_.detach()), l, r)
-        out[preset.variant] = {
+        v_kg, g_kg = _grad(lambda l_, r_, p=preset: p.token_kl(l_, r_, l_.detach(), torch.ones_like(l_, dtype=torch.bool)), l, r)
+        out[preset.id] = {
             "option": option,
             "style": preset.style,
             "value_max_abs_diff": float((v_verl - v_kg).abs().max()),

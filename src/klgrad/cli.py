@@ -64,21 +64,50 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME|all",
         help="only the frameworks' KL: " + ", ".join(FRAMEWORKS) + " or all (table + frameworks.json)",
     )
+    a.add_argument(
+        "--version",
+        default=None,
+        metavar="X",
+        help="with --framework NAME: only the presets that hold for release X (default: the installed package's "
+        "version when NAME is installed, else every version)",
+    )
     a.set_defaults(func=cmd_audit)
 
 
-def _audit_frameworks(name: str, cfg, out: Path, console) -> int:
-    """``klgrad audit --framework NAME|all``: the frameworks' table and ``frameworks.json`` alone."""
-    from klgrad.audit.frameworks import framework_rows, print_framework_table, select, write_frameworks
+def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console) -> int:
+    """``klgrad audit --framework NAME|all [--version X]``: the frameworks' table and ``frameworks.json`` alone,
+    for the presets that hold for X (the installed package's version when X is not given)."""
+    from klgrad.audit.frameworks import (
+        defaults_summary,
+        framework_rows,
+        installed_version,
+        is_default,
+        print_framework_table,
+        select,
+        write_frameworks,
+    )
     from klgrad.audit.run import make_problem
 
+    if name == "all" and version is not None:
+        print("klgrad audit: --version needs one --framework NAME, not all", file=sys.stderr)
+        return 2
+    if name != "all" and version is None and (found := installed_version(name)) is not None:
+        version = found[1]
+        console.print(f"[bold]{name}[/bold]: the installed package {found[0]} is version {version}")
     try:
-        presets = select(name)
+        presets = select(name, version)
     except ValueError as e:
         print(f"klgrad audit: {e}", file=sys.stderr)
         return 2
     rows = framework_rows(make_problem(cfg), presets)
-    print_framework_table(rows, console)
+    print_framework_table(rows, console, version)
+    if name != "all":
+        defaults = [p for p in presets if is_default(p, version)]
+        if version is not None and defaults:
+            ids = ", ".join(f"{p.id} ({p.variant})" for p in defaults)
+            console.print(f"\nIn {name} {version}, switching the KL on with default flags gives: {ids}", markup=False)
+        else:
+            console.print("\nDefaults by version:\n  " + "\n  ".join(defaults_summary(name) or ["none"]), markup=False)
     console.print(f"\nwrote {write_frameworks(rows, out)}")
     return 0
 
@@ -105,7 +134,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     out = Path(args.out)
     t0 = time.perf_counter()
     if args.framework is not None:
-        return _audit_frameworks(args.framework, cfg, out, console)
+        return _audit_frameworks(args.framework, args.version, cfg, out, console)
     with console.status(f"enumerating every response of a V={cfg.vocab}, T={cfg.length} policy ..."):
         try:
             result = run_audit(cfg, penalty=args.penalty)

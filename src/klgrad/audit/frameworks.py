@@ -1,13 +1,13 @@
 r"""What each framework's KL differentiates to: its KL term written out as that framework computes it, audited by
 exact enumeration against the reverse-KL and forward-KL gradients and against every klgrad head and level.
 
-Each preset is a per-token rule re-written from the framework's released code (value, what carries gradient,
-clamps, ratio handling; the file and version are in its docstring) and turned into a per-response loss the way
-the framework's loss sees it: per-token terms summed over the response's tokens, KL weight β = 1. (A token-mean
-aggregation divides by the batch's token count, a constant that rescales β and leaves the gradient's
-direction; per-sequence token means reweight responses by 1/|y| and are not audited here.) KL-in-reward presets
-become a PPO-clipped policy-gradient term with advantage −(the KL return), their KL computed once at rollout time
-from the behaviour log-probs, as the frameworks do.
+The presets (:mod:`klgrad.audit.presets`) are per-token rules re-written from each framework's released code
+(value, what carries gradient, clamps, ratio handling, where the term enters, the default aggregation), each with
+the versions it holds for and the file and commit it was read from (:class:`~klgrad.audit.framework_kl.FrameworkKL`).
+A preset becomes a per-response loss the way the framework's loss sees it, KL weight β = 1, reduced by each
+aggregation of :data:`~klgrad.audit.framework_kl.AGGREGATIONS`: the framework's default and the other family
+(token sum or per-sequence token mean). KL-in-reward presets become a PPO-clipped policy-gradient term with
+advantage −(the KL return), their KL computed once at rollout time from the behaviour log-probs, as the frameworks do.
 
 Regimes: ``on_policy`` (responses from π, behaviour = current policy) and ``off_policy`` (responses from the
 behaviour policy of :class:`~klgrad.audit.run.AuditProblem`, the framework's own ratio handling: most KL losses
@@ -19,285 +19,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from klgrad.audit.framework_kl import SUM_FAMILY, FrameworkKL
+from klgrad.audit.presets import FRAMEWORKS, PACKAGES, PRESETS
 from klgrad.audit.tabular import exact_gradient, expected_gradient, token_logps
-from klgrad.kl import KL_HEADS, kl_loss_per_sequence, masked_sum
-
-TokenKL = Callable[[Tensor, Tensor, Tensor], Tensor]
-"""(l, r, o) -> per-token term (N, T): what the framework adds to its per-token loss (β = 1)."""
-
-PPO_EPS = 0.2
-"""The PPO clip ε of every KL-in-reward preset's policy loss (all frameworks' default)."""
-
-
-# ----------------------------------------------------------------------------------------------------------
-# the frameworks' per-token KL values, as written in their code
-
-
-def k1_value(l: Tensor, r: Tensor) -> Tensor:
-    """k1 = l − r."""
-    return l - r
-
-
-def k2_value(l: Tensor, r: Tensor) -> Tensor:
-    """k2 = ½(l − r)² (verl "mse"/"k2", OpenRLHF "k2")."""
-    return 0.5 * (l - r) ** 2
-
-
-def k3_value(l: Tensor, r: Tensor) -> Tensor:
-    """k3 = e^{r − l} − (r − l) − 1 (TRL, OpenRLHF "k3", NeMo-RL's Joschu 2020), unclamped."""
-    return torch.exp(r - l) - (r - l) - 1
-
-
-def low_var_kl(l: Tensor, r: Tensor) -> Tensor:
-    """verl/slime ``low_var_kl``: x = clamp(r − l, −20, 20); k3 = e^x − x − 1, then clamped to [−10, 10]."""
-    x = (r - l).clamp(-20.0, 20.0)
-    return (torch.exp(x) - x - 1).clamp(-10.0, 10.0)
-
-
-def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
-    """The value of ``value`` with the gradient of ``gradient`` (verl's "+" suffix)."""
-    return gradient - gradient.detach() + value.detach()
-
-
-def nemo_kl(l: Tensor, r: Tensor, weight: Tensor) -> Tensor:
-    """NeMo-RL's ``calculate_kl`` (k3): log-ratio x = r − l clamped to [−20, 20], the weight detached where that
-    clamp acts, weight·(e^x − 1 − x), then clamped to [−10, 10]."""
-    x = r - l
-    clamped = x.clamp(-20.0, 20.0)
-    weight = torch.where(x == clamped, weight, weight.detach())
-    return (weight * (torch.exp(clamped) - 1 - clamped)).clamp(-10.0, 10.0)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# presets
-
-
-@dataclass(frozen=True)
-class FrameworkKL:
-    """One framework's KL term: as a per-token loss (``style="loss"``) or as a reward (``style="reward"``)."""
-
-    framework: str
-    variant: str
-    style: str
-    """``loss``: ``token_kl`` is added to the per-token loss. ``reward``: ``token_kl`` (computed from the
-    behaviour log-probs, no gradient) is a per-token penalty in the reward, ``returns`` turns it into each
-    token's KL return, and the PPO-clipped policy loss applies it."""
-    token_kl: TokenKL
-    source: str
-    """The framework's file and version this preset is written from."""
-    reference_is_behaviour: bool = False
-    """True for RPG's own setting (``use_iterative_ref_model``): the reference is the behaviour policy π_old, so
-    the audit's reference is replaced by its behaviour policy (targets ∇KL(π‖π_old), ∇KL(π_old‖π))."""
-    returns: str = "sequence"
-    """Reward presets: ``sequence`` (the response's summed KL on every token: GRPO-style outcome advantage) or
-    ``to_go`` (Σ_{t'≥t}: PPO/GAE with γ = λ = 1, REINFORCE++)."""
-
-    def loss(self, ref_lp: Tensor, mask: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
-        """``per_sequence(logp (N, T), behaviour_logp (N, T)) -> (N,)`` for :func:`expected_gradient`."""
-
-        def per_sequence(logp: Tensor, behaviour: Tensor) -> Tensor:
-            if self.style == "loss":
-                return masked_sum(self.token_kl(logp, ref_lp, behaviour), mask)
-            penalty = torch.where(mask, self.token_kl(behaviour, ref_lp, behaviour), 0.0).detach()  # (N, T)
-            if self.returns == "sequence":
-                ret = penalty.sum(-1, keepdim=True).expand_as(penalty)
-            else:
-                ret = penalty.flip(-1).cumsum(-1).flip(-1)  # Σ_{t'≥t}
-            ratio = torch.exp(logp - behaviour)  # (N, T) per-token PPO ratio
-            clipped = ratio.clamp(1 - PPO_EPS, 1 + PPO_EPS)
-            return masked_sum(torch.maximum(ret * ratio, ret * clipped), mask)  # advantage A = −ret
-
-        return per_sequence
-
-
-def _ratio(l: Tensor, o: Tensor) -> Tensor:
-    return torch.exp(l - o)  # carries gradient through l
-
-
-PRESETS: tuple[FrameworkKL, ...] = (
-    FrameworkKL(
-        "trl",
-        "k3 loss (GRPOTrainer, beta > 0)",
-        "loss",
-        lambda l, r, o: k3_value(l, r),
-        "trl/trainer/grpo_trainer.py (TRL 0.2x–1.x): per_token_kl = exp(ref − logp) − (ref − logp) − 1",
-    ),
-    FrameworkKL(
-        "trl",
-        "k3 loss, use_bias_correction_kl",
-        "loss",
-        lambda l, r, o: k3_value(l, r) * _ratio(l, o),
-        "trl/trainer/grpo_trainer.py: per_token_kl * coef_1, coef_1 = exp(logp − old_logp) unclipped, not detached",
-    ),
-    FrameworkKL(
-        "verl",
-        "kl_loss_type=k1 (kl)",
-        "loss",
-        lambda l, r, o: k1_value(l, r),
-        "verl/trainer/ppo/core_algos.py kl_penalty_forward: logprob − ref_logprob",
-    ),
-    FrameworkKL(
-        "verl",
-        "kl_loss_type=abs",
-        "loss",
-        lambda l, r, o: (l - r).abs(),
-        "verl/trainer/ppo/core_algos.py kl_penalty_forward: (logprob − ref_logprob).abs()",
-    ),
-    FrameworkKL(
-        "verl",
-        "kl_loss_type=mse (k2)",
-        "loss",
-        lambda l, r, o: k2_value(l, r),
-        "verl/trainer/ppo/core_algos.py kl_penalty_forward: 0.5 * (logprob − ref_logprob).square()",
-    ),
-    FrameworkKL(
-        "verl",
-        "kl_loss_type=low_var_kl (k3)",
-        "loss",
-        lambda l, r, o: low_var_kl(l, r),
-        "verl/trainer/ppo/core_algos.py kl_penalty_forward: clamp(r − l, ±20), k3, clamp(k3, ±10)",
-    ),
-    FrameworkKL(
-        "verl",
-        "kl_loss_type=low_var_kl+ (k3 value, k2 gradient)",
-        "loss",
-        lambda l, r, o: straight_through(low_var_kl(l, r), k2_value(l, r)),
-        "verl/trainer/ppo/core_algos.py kl_penalty: '+' suffix, backward k2 − k2.detach() + forward.detach()",
-    ),
-    FrameworkKL(
-        "verl",
-        "use_kl_in_reward (k1, GRPO outcome advantage)",
-        "reward",
-        lambda l, r, o: k1_value(l, r),
-        "verl/trainer/ppo/ray_trainer.py apply_kl_penalty: token_level_rewards = scores − β·kl(old, ref); "
-        "GRPO sums the token rewards",
-        returns="sequence",
-    ),
-    FrameworkKL(
-        "verl",
-        "use_kl_in_reward (k1, GAE γ = λ = 1)",
-        "reward",
-        lambda l, r, o: k1_value(l, r),
-        "verl/trainer/ppo/ray_trainer.py apply_kl_penalty + core_algos.compute_gae_advantage_return",
-        returns="to_go",
-    ),
-    FrameworkKL(
-        "openrlhf",
-        "k1 in reward (reward-to-go)",
-        "reward",
-        lambda l, r, o: k1_value(l, r).clamp(-10.0, 10.0),
-        "openrlhf/models/utils.py compute_approx_kl (clamp ±10) + compute_reward; returns to go",
-        returns="to_go",
-    ),
-    FrameworkKL(
-        "openrlhf",
-        "k2 loss (use_kl_loss)",
-        "loss",
-        lambda l, r, o: k2_value(l, r).clamp(-10.0, 10.0),
-        "openrlhf/models/utils.py compute_approx_kl(kl_estimator='k2'): (l − r)²/2, clamp ±10",
-    ),
-    FrameworkKL(
-        "openrlhf",
-        "k3 loss (use_kl_loss)",
-        "loss",
-        lambda l, r, o: k3_value(l, r).clamp(-10.0, 10.0),
-        "openrlhf/models/utils.py compute_approx_kl(kl_estimator='k3'): e^{r−l} − 1 − (r − l), clamp ±10",
-    ),
-    FrameworkKL(
-        "slime",
-        "kl_loss_type=low_var_kl, use-unbiased-kl",
-        "loss",
-        lambda l, r, o: (_ratio(l, o) * k3_value(l, r)).clamp(-10.0, 10.0),
-        "THUDM/slime@624b824 (2026-08-21) slime/utils/ppo_utils.py compute_approx_kl + megatron_utils/loss.py: "
-        "kl = exp(logp − old)·k3 (ratio not detached, not clipped), then clamp ±10 (low_var_kl only)",
-    ),
-    FrameworkKL(
-        "nemo-rl",
-        "k3, weight exp(x − sg(x)) (default since 2026-06)",
-        "loss",
-        lambda l, r, o: nemo_kl(l, r, torch.exp(l - l.detach())),
-        "NVIDIA-NeMo/RL@7ea279a (2026-08-22) nemo_rl/algorithms/utils.py calculate_kl + loss_functions.py "
-        "ClippedPGLossFn (PR #2506, #2958)",
-    ),
-    FrameworkKL(
-        "nemo-rl",
-        "k3, use_on_policy_kl_approximation",
-        "loss",
-        lambda l, r, o: nemo_kl(l, r, _ratio(l, o)),
-        "NVIDIA-NeMo/RL@7ea279a: weight exp(logp − generation_logprobs), differentiable, unclipped",
-    ),
-    FrameworkKL(
-        "deepseek-v3.2",
-        "unbiased KL: k3 × π/π_old",
-        "loss",
-        lambda l, r, o: k3_value(l, r) * _ratio(l, o),
-        "DeepSeek-V3.2 report (arXiv 2512.02556, eq. 7, as quoted in TRL #4637 and slime #1004): "
-        "(π/π_old)(π_ref/π − log(π_ref/π) − 1), the ratio differentiable as in every public implementation",
-    ),
-)
-"""Every framework preset of ``klgrad audit --framework`` but RPG's (:data:`RPG_PRESETS`)."""
-
-_RPG_SOURCE = (
-    "complex-reasoning/RPG@ec8e30b (2026-06-14) verl/trainer/ppo/core_algos.py kl_penalty('{}'), with a separate "
-    "reference (use_iterative_ref_model=False; RPG's scripts set it True, regularising towards π_old instead)"
-)
-RPG_PRESETS: tuple[FrameworkKL, ...] = (
-    FrameworkKL("rpg", "rpg_fkl: −log w", "loss", lambda l, r, o: -(l - r), _RPG_SOURCE.format("rpg_fkl")),
-    FrameworkKL(
-        "rpg",
-        "rpg_rkl: w log w",
-        "loss",
-        lambda l, r, o: (torch.exp(l - r) * (l - r)).clamp(-10.0, 10.0),
-        _RPG_SOURCE.format("rpg_rkl"),
-    ),
-    FrameworkKL(
-        "rpg",
-        "rpg_ufkl: w − log w − 1",
-        "loss",
-        lambda l, r, o: (torch.exp(l - r) - (l - r) - 1).clamp(-10.0, 10.0),
-        _RPG_SOURCE.format("rpg_ufkl"),
-    ),
-    FrameworkKL(
-        "rpg",
-        "rpg_urkl: w(log w − 1) + 1",
-        "loss",
-        lambda l, r, o: (torch.exp(l - r) * (l - r - 1) + 1).clamp(-10.0, 10.0),
-        _RPG_SOURCE.format("rpg_urkl"),
-    ),
-)
-"""RPG's KL terms as its code computes them, w = π/π_ref (``kl_penalty`` with ``ref_logprob`` = the reference).
-The paper's own estimators weight samples of π_old by w = π/π_old to reach KL(π_old‖π), KL(π‖π_old) and their
-unnormalised forms; with π_ref in place of π_old, each is a klgrad head with IS: normalised forward KL =
-``fkl_as_loss``, unnormalised forward KL = ``k3_as_loss`` (its coefficient 1 − δ), both reverse forms =
-``k1_in_reward`` / ``k2_as_loss`` (docs/frameworks.md)."""
-RPG_PRESETS += tuple(
-    dataclasses.replace(
-        p,
-        variant=p.variant + ", reference = π_old",
-        reference_is_behaviour=True,
-        source=p.source.replace(
-            "with a separate reference (use_iterative_ref_model=False",
-            "as RPG's scripts run it (use_iterative_ref_model=True",
-        ).replace("; RPG's scripts set it True, regularising towards π_old instead)", ")"),
-    )
-    for p in RPG_PRESETS
-)
-
-
-ALL_PRESETS: tuple[FrameworkKL, ...] = PRESETS + RPG_PRESETS
-FRAMEWORKS: tuple[str, ...] = tuple(dict.fromkeys(p.framework for p in ALL_PRESETS))
-"""Framework names, in table order: trl, verl, openrlhf, slime, nemo-rl, deepseek-v3.2, rpg."""
-
+from klgrad.kl import KL_HEADS, kl_loss_per_sequence
 
 # ----------------------------------------------------------------------------------------------------------
 # the audit
+
+KL_TARGETS: dict[str, tuple[str, str, str]] = {
+    "token_sum": ("rkl", "fkl", "KL(π‖π_ref)"),
+    "seq_mean": ("rkl_per_token", "fkl_per_token", "E_π[log(π/π_ref)(y)/|y|]"),
+}
+"""Per audited aggregation: the reverse and forward divergence a row is measured against, and its name. A
+per-sequence token mean can at best reach the length-weighted divergences."""
 
 
 def _rel(a: Tensor, b: Tensor, scale: float) -> float:
@@ -305,91 +46,137 @@ def _rel(a: Tensor, b: Tensor, scale: float) -> float:
     return float((a - b).norm()) / max(nb, scale)
 
 
-def klgrad_gradients(problem) -> dict[str, Tensor]:
-    """On-policy expected gradient of every klgrad head at every level (``head@level``): what a framework's
-    gradient is compared with. klgrad's off-policy correction has the same expectation, so one table serves
-    both regimes."""
+def audited_aggregation(aggregation: str) -> str:
+    """``token_sum`` for the sum family (token mean, constant: β rescaled), ``seq_mean`` for itself."""
+    return "token_sum" if aggregation in SUM_FAMILY else aggregation
+
+
+def klgrad_gradients(problem, aggregation: str = "token_sum") -> dict[str, Tensor]:
+    """On-policy expected gradient of every klgrad head at every level (``head@level``), reduced by
+    ``aggregation`` (``token_sum``: the heads as klgrad applies them; ``seq_mean``: each response's term
+    divided by |y|, written ``head@level/|y|``, after the named length-weighted targets ∇E_π[log(π/π_ref)/|y|],
+    ∇E_π[(log(π/π_ref) − 1)/|y|], ∇E_π[1/|y|] and ∇E_{π_ref}[log(π_ref/π)/|y|]):
+    what a framework's gradient is compared with. klgrad's off-policy correction has the same expectation, so
+    one table serves both regimes."""
     sp = problem.space
     ref_lp = token_logps(sp, problem.ref)
+    length = sp.lengths.to(ref_lp.dtype)
+    per_len = aggregation == "seq_mean"
     out = {}
+    if per_len:  # the named length-weighted targets first: they say what a per-sequence mean reaches
+        rkl = exact_gradient(sp, "rkl_per_token", problem.theta, problem.ref)
+        inv = exact_gradient(sp, "inverse_length", problem.theta, problem.ref)
+        out["E[log(π/π_ref)/|y|]"] = rkl
+        out["E[(log(π/π_ref) − 1)/|y|]"] = rkl - inv
+        out["E[1/|y|]"] = inv
+        out["E_ref[log(π_ref/π)/|y|]"] = exact_gradient(sp, "fkl_per_token", problem.theta, problem.ref)
     for name, head in KL_HEADS.items():
         for level in ("sequence", "token", "token_to_go"):  # on ties, the plainer level is named
 
             def loss(logp: Tensor, behaviour: Tensor, head=head, level=level) -> Tensor:
-                return kl_loss_per_sequence(head, logp, ref_lp, sp.mask, level=level)
+                per_seq = kl_loss_per_sequence(head, logp, ref_lp, sp.mask, level=level)
+                return per_seq / length if per_len else per_seq
 
-            out[f"{name}@{level}"] = expected_gradient(sp, loss, problem.theta, problem.theta)[0]
+            key = f"{name}@{level}/|y|" if per_len else f"{name}@{level}"
+            out[key] = expected_gradient(sp, loss, problem.theta, problem.theta)[0]
     return out
 
 
 def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float = 1e-9) -> str:
-    """``head@level (target)`` of the first klgrad head and level (registry, then level order) whose expected
-    gradient ``g`` equals (relative error < ``exact``), else ``≈ head@level (error)`` of the nearest one."""
+    """``head@level (target)`` of the first entry of ``table`` (klgrad heads in registry then level order, then
+    the named targets) whose expected gradient ``g`` equals (relative error < ``exact``), else
+    ``≈ key (error)`` of the nearest one."""
     errors = {key: _rel(g, ref, scale) for key, ref in table.items()}
     for key, err in errors.items():
         if err < exact:
+            if "@" not in key:
+                return key
             name, level = key.split("@")
-            target = KL_HEADS[name].targets.get(level)
-            return f"{key} ({target})" if target else key
+            target = KL_HEADS[name].targets.get(level.removesuffix("/|y|"))
+            return f"{key} ({target})" if target and not level.endswith("/|y|") else key
     key = min(errors, key=errors.__getitem__)
     return f"≈ {key} ({errors[key]:.2g})"
 
 
-def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> list[dict]:
-    """One row per (preset, regime): err_rkl, err_fkl (relative errors of its exact expected gradient) and the
-    klgrad head and level it equals or is nearest to. Presets whose reference is the behaviour policy (RPG's
-    setting) are audited on the problem with π_ref := π_old."""
-    contexts: dict[bool, tuple] = {}
+def preset_aggregations(preset: FrameworkKL) -> tuple[str, ...]:
+    """The framework's default aggregation first, then the other family's (``seq_mean`` or ``token_sum``)."""
+    other = "seq_mean" if preset.aggregation in SUM_FAMILY else "token_sum"
+    return (preset.aggregation, other)
 
-    def context(reference_is_behaviour: bool) -> tuple:
-        if reference_is_behaviour not in contexts:
+
+def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> list[dict]:
+    """One row per (preset, aggregation, regime): err_rkl, err_fkl (relative errors of its exact expected
+    gradient against the aggregation's reverse and forward divergence, :data:`KL_TARGETS`), the klgrad head
+    and level it equals or is nearest to, and the preset's versions, source and default. Presets whose
+    reference is the behaviour policy (RPG's iterative reference, prime-rl) are audited on the problem with
+    π_ref := π_old, off-policy only."""
+    contexts: dict[tuple[bool, str], tuple] = {}
+
+    def context(reference_is_behaviour: bool, aggregation: str) -> tuple:
+        key = (reference_is_behaviour, aggregation)
+        if key not in contexts:
             prob = dataclasses.replace(problem, ref=problem.behaviour) if reference_is_behaviour else problem
-            g_rkl = exact_gradient(prob.space, "rkl", prob.theta, prob.ref)
-            g_fkl = exact_gradient(prob.space, "fkl", prob.theta, prob.ref)
-            table = klgrad_gradients(prob)
-            contexts[reference_is_behaviour] = (prob, token_logps(prob.space, prob.ref), g_rkl, g_fkl, table)
-        return contexts[reference_is_behaviour]
+            rkl, fkl, _ = KL_TARGETS[aggregation]
+            g_rkl = exact_gradient(prob.space, rkl, prob.theta, prob.ref)
+            g_fkl = exact_gradient(prob.space, fkl, prob.theta, prob.ref)
+            table = klgrad_gradients(prob, aggregation)
+            contexts[key] = (prob, token_logps(prob.space, prob.ref), g_rkl, g_fkl, table)
+        return contexts[key]
 
     rows = []
-    for preset in ALL_PRESETS if presets is None else presets:
-        prob, ref_lp, g_rkl, g_fkl, table = context(preset.reference_is_behaviour)
-        scale = float(g_rkl.norm())
-        for regime, sampler in (("on_policy", prob.theta), ("off_policy", prob.behaviour)):
-            g, _ = expected_gradient(prob.space, preset.loss(ref_lp, prob.space.mask), prob.theta, sampler)
-            rows.append(
-                dict(
-                    framework=preset.framework,
-                    variant=preset.variant,
-                    regime=regime,
-                    err_rkl=_rel(g, g_rkl, scale),
-                    err_fkl=_rel(g, g_fkl, scale),
-                    equals=nearest_head(g, table, scale),
-                    zero_gradient=frozen_range(preset, "gradient"),
-                    clamped=frozen_range(preset, "value"),
-                    reference="behaviour (π_old)" if preset.reference_is_behaviour else "π_ref",
-                    source=preset.source,
+    for preset in PRESETS if presets is None else presets:
+        for aggregation in preset_aggregations(preset):
+            audited = audited_aggregation(aggregation)
+            prob, ref_lp, g_rkl, g_fkl, table = context(preset.reference_is_behaviour, audited)
+            scale = float(g_rkl.norm())
+            loss = preset.loss(ref_lp, prob.space.mask, audited)
+            for regime in preset.regimes:
+                sampler = prob.theta if regime == "on_policy" else prob.behaviour
+                g, _ = expected_gradient(prob.space, loss, prob.theta, sampler)
+                rows.append(
+                    dict(
+                        id=preset.id,
+                        framework=preset.framework,
+                        variant=preset.variant,
+                        style=preset.style,
+                        regime=regime,
+                        aggregation=aggregation,
+                        framework_default_aggregation=aggregation == preset.aggregation,
+                        kl_target=KL_TARGETS[audited][2],
+                        err_rkl=_rel(g, g_rkl, scale),
+                        err_fkl=_rel(g, g_fkl, scale),
+                        equals=nearest_head(g, table, scale),
+                        zero_gradient=frozen_range(preset, "gradient"),
+                        clamped=frozen_range(preset, "value"),
+                        reference="behaviour (π_old)" if preset.reference_is_behaviour else "π_ref",
+                        versions=preset.versions,
+                        default=preset.default,
+                        source=preset.source,
+                    )
                 )
-            )
     return rows
 
 
-def frozen_range(preset: FrameworkKL, what: str, limit: float = 40.0, steps: int = 8001) -> str | None:
+def frozen_range(preset: FrameworkKL, what: str, limit: float = 60.0, steps: int = 12001) -> str | None:
     """Where a clamp acts, on-policy, over log-ratios u = l − r in [−limit, limit], as text (``u ≤ −a, u ≥ b``);
     None when nowhere. ``what="gradient"``: where ∂(per-token loss term)/∂l is exactly 0 (the clamp zeroes the
     gradient; loss presets only). ``what="value"``: where the per-token KL value stops changing with u (the
-    clamp caps it: a reward's coefficient, or a loss term whose gradient then comes from elsewhere)."""
-    u = torch.linspace(-limit, limit, steps, dtype=torch.float64)
+    clamp caps it: a reward's coefficient, or a loss term whose gradient then comes from elsewhere). Each u is
+    a one-token response (shape (steps, 1)) with behaviour o = l."""
+    u = torch.linspace(-limit, limit, steps, dtype=torch.float64)[:, None]  # (steps, 1)
     r = torch.zeros_like(u)
+    mask = torch.ones_like(u, dtype=torch.bool)
     if what == "gradient":
         if preset.style != "loss":
             return None
         l = u.clone().requires_grad_(True)
-        (grad,) = torch.autograd.grad(preset.token_kl(l, r, l.detach()).sum(), l)
-        frozen = grad == 0
+        (grad,) = torch.autograd.grad(preset.token_kl(l, r, l.detach(), mask).sum(), l)
+        frozen = (grad == 0)[:, 0]
     else:
-        value = preset.token_kl(u, r, u).detach()
-        frozen = torch.zeros_like(u, dtype=torch.bool)
+        value = preset.token_kl(u, r, u, mask).detach()[:, 0]
+        frozen = torch.zeros_like(value, dtype=torch.bool)
         frozen[1:] = value[1:] == value[:-1]
+    u = u[:, 0]
     frozen &= u.abs() > 1e-6  # u = 0 is a stationary point of every KL, not a clamp
     parts = []
     if bool(frozen[u < 0].any()):
@@ -400,44 +187,143 @@ def frozen_range(preset: FrameworkKL, what: str, limit: float = 40.0, steps: int
 
 
 # ----------------------------------------------------------------------------------------------------------
+# versions
+
+
+def is_release_range(versions: str) -> bool:
+    """A PEP 440 specifier (``>=0.14,<1.10``), as opposed to ``main@DATE`` or a report: a code base without
+    releases, which holds for any version asked."""
+    return versions[:1] in ("<", ">", "=", "!", "~")
+
+
+def _contains(spec: str, version: str) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        v = Version(version)
+    except InvalidVersion as e:
+        raise ValueError(f"--version {version!r} is not a version number (e.g. 1.9.0)") from e
+    return SpecifierSet(spec).contains(v, prereleases=True)
+
+
+def holds_for(preset: FrameworkKL, version: str | None) -> bool:
+    """Whether ``preset`` describes release ``version`` (None: every release)."""
+    return version is None or not is_release_range(preset.versions) or _contains(preset.versions, version)
+
+
+def is_default(preset: FrameworkKL, version: str | None) -> bool:
+    """Whether ``preset`` is its framework's default KL (what switching its KL on gives) in ``version``
+    (None: in some release)."""
+    if preset.default is None:
+        return False
+    return version is None or not is_release_range(preset.default) or _contains(preset.default, version)
+
+
+def installed_version(framework: str) -> tuple[str, str] | None:
+    """``(distribution, version)`` of ``framework``'s installed package (:data:`PACKAGES`), or None when it is
+    not installed or has no distribution of its own."""
+    for dist in PACKAGES.get(framework, ()):
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def select(name: str, version: str | None = None) -> tuple[FrameworkKL, ...]:
+    """The presets of framework ``name`` (``all``: every one) that hold for ``version`` (None: every
+    version); a ValueError lists the names."""
+    if name == "all":
+        chosen = PRESETS
+    else:
+        chosen = tuple(p for p in PRESETS if p.framework == name)
+        if not chosen:
+            raise ValueError(f"--framework must be 'all' or one of {list(FRAMEWORKS)}, got {name!r}")
+    held = tuple(p for p in chosen if holds_for(p, version))
+    if not held:
+        ranges = sorted({p.versions for p in chosen})
+        raise ValueError(f"no {name} preset holds for version {version}; audited ranges: {ranges}")
+    return held
+
+
+def defaults_summary(framework: str) -> list[str]:
+    """Which preset is ``framework``'s default KL in which versions, one line each."""
+    lines = []
+    for p in PRESETS:
+        if p.framework == framework and p.default is not None:
+            lines.append(f"{p.id} ({p.variant}): default in {p.default}")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------------------
 # presentation
 
 
-def select(name: str) -> tuple[FrameworkKL, ...]:
-    """The presets of framework ``name`` (``all``: every one); a ValueError lists the names."""
-    presets = ALL_PRESETS
-    if name == "all":
-        return presets
-    chosen = tuple(p for p in presets if p.framework == name)
-    if not chosen:
-        raise ValueError(f"--framework must be 'all' or one of {list(FRAMEWORKS)}, got {name!r}")
-    return chosen
-
-
-def print_framework_table(rows: list[dict], console=None) -> None:
-    """The rich table: framework × variant × regime, errors against ∇RKL and ∇FKL, the klgrad equivalent."""
-    from rich.console import Console
-    from rich.table import Table
-
+def _fmt(x: float) -> str:
     from klgrad.fmt import fmt_num
 
+    return fmt_num(x, 3, sci_digits=1, sci_below=1e-2, tiny=1e-12, tiny_text="<1e-12", zero="0")
+
+
+def clamp_text(row: dict) -> str:
+    if row["zero_gradient"]:
+        return f"∇ = 0 at {row['zero_gradient']}"
+    return f"value capped at {row['clamped']}" if row["clamped"] else ""
+
+
+def print_framework_table(rows: list[dict], console=None, version: str | None = None) -> None:
+    """Two rich tables: every preset at its framework's default aggregation (both regimes), then on-policy
+    under the other aggregation; defaults marked ★ (in ``version`` when given)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     console = console or Console()
-    table = Table(title="What each framework's KL differentiates to (exact enumeration, float64, β = 1)")
-    for col in ("framework", "variant", "regime", "rel. err vs ∇RKL", "rel. err vs ∇FKL", "klgrad equivalent", "clamp"):
-        table.add_column(col, justify="right" if col.startswith("rel.") else "left")
-
-    def fmt(x: float) -> str:
-        return fmt_num(x, 3, sci_digits=1, sci_below=1e-2, tiny=1e-12, tiny_text="<1e-12", zero="0")
-
-    for r in rows:
-        if r["zero_gradient"]:
-            clamp = f"∇ = 0 at {r['zero_gradient']}"
-        else:
-            clamp = f"capped at {r['clamped']}" if r["clamped"] else ""
-        table.add_row(
-            r["framework"], r["variant"], r["regime"], fmt(r["err_rkl"]), fmt(r["err_fkl"]), r["equals"], clamp
-        )
-    console.print(table)
+    by_id = {p.id: p for p in PRESETS}
+    for title, keep in (
+        ("at the framework's default aggregation", lambda r: r["framework_default_aggregation"]),
+        (
+            "on-policy, at the other aggregation",
+            lambda r: not r["framework_default_aggregation"] and r["regime"] == "on_policy",
+        ),
+    ):
+        table = Table(title=f"What each framework's KL differentiates to, {title} (exact enumeration, float64, β = 1)")
+        for col in (
+            "preset",
+            "setting",
+            "versions",
+            "aggregation",
+            "regime",
+            "err vs ∇RKL",
+            "err vs ∇FKL",
+            "klgrad equivalent",
+            "clamp",
+        ):
+            table.add_column(col, justify="right" if col.startswith("err") else "left")
+        for r in rows:
+            if not keep(r):
+                continue
+            star = "★ " if is_default(by_id[r["id"]], version) else ""
+            cells = (
+                star + r["id"],
+                r["variant"],
+                r["versions"],
+                r["aggregation"],
+                r["regime"].replace("_", "-"),
+                _fmt(r["err_rkl"]),
+                _fmt(r["err_fkl"]),
+                r["equals"],
+                clamp_text(r),
+            )
+            table.add_row(*map(escape, cells))
+        console.print(table)
+    console.print(
+        "★ the framework's default KL when switched on"
+        + (f" in version {version}" if version else "")
+        + "; errors are against the aggregation's divergence (per-sequence mean: E_π[log(π/π_ref)/|y|])",
+        markup=False,
+    )
 
 
 def write_frameworks(rows: list[dict], out_dir) -> Path:
@@ -458,26 +344,35 @@ def plot_frameworks(rows: list[dict], path) -> None:
     from klgrad.plotting import pyplot, save
 
     plt = pyplot()
-    labels = list(dict.fromkeys(f"{r['framework']}: {r['variant']}" for r in rows))
-    by = {(f"{r['framework']}: {r['variant']}", r["regime"]): r for r in rows}
-    fig, axes = plt.subplots(1, 2, figsize=(15, 0.34 * len(labels) + 1.6), sharey=True)
+    rows = [r for r in rows if r["framework_default_aggregation"]]
+    labels = list(dict.fromkeys(f"{r['id']} ({r['aggregation']})" for r in rows))
+    by = {(f"{r['id']} ({r['aggregation']})", r["regime"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 0.3 * len(labels) + 1.8), sharey=True)
     y = torch.arange(len(labels)).tolist()
     for ax, key, title in (
         (axes[0], "err_rkl", "vs the reverse-KL gradient"),
         (axes[1], "err_fkl", "vs the forward-KL gradient"),
     ):
         for offset, regime, color in ((-0.18, "on_policy", "#1f5f8b"), (0.18, "off_policy", "#e08a1e")):
-            values = [max(by[(lab, regime)][key], 1e-16) for lab in labels]
-            ax.barh([v + offset for v in y], values, height=0.34, color=color, label=regime.replace("_", "-"))
+            at = [(v, by[(lab, regime)][key]) for v, lab in zip(y, labels, strict=True) if (lab, regime) in by]
+            ax.barh(
+                [v + offset for v, _ in at],
+                [max(e, 1e-16) for _, e in at],
+                height=0.34,
+                color=color,
+                label=regime.replace("_", "-"),
+            )
         ax.set_xscale("log")
         ax.axvline(1e-12, color="black", lw=0.8, ls=":")
         ax.set_title(f"relative error {title}", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(y, labels, fontsize=7)
-    axes[0].invert_yaxis()
     axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle(
-        "What each framework's KL differentiates to (exact enumeration; dotted: float64 round-off)", fontsize=11
+        "What each framework's KL differentiates to, at its default aggregation (exact enumeration; dotted: "
+        "float64 round-off;\nper-sequence means against the length-weighted divergences)",
+        fontsize=11,
     )
-    fig.tight_layout()
+    axes[0].set_ylim(len(labels) - 0.5, -0.5)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.9 / (0.3 * len(labels) + 1.8)))
     save(fig, path, dpi=110)
