@@ -449,7 +449,10 @@ def test_clamp_ranges_are_where_the_formulas_say():
     edge = math.ceil(math.sqrt(20) * 100) / 100  # ½u² = 10 at |u| = √20, first grid point (step 0.01) beyond
     assert frozen_range(by_id["openrlhf/kl-loss-k2"], "gradient") == f"u ≤ {-edge:.3g}, u ≥ {edge:.3g}"
     assert frozen_range(by_id["trl/grpo-k3"], "gradient") is None
-    assert frozen_range(by_id["open-instruct/k3-loss"], "gradient") == "u ≤ -40, u ≥ 40"  # clamp on the log-ratio
+    assert frozen_range(by_id["nemo-rl/k3-loss-input-clamp"], "gradient") == "u ≤ -20, u ≥ 20"  # the input clamp
+    # a cancellation to an exact 0 is no clamp: ∂(ρ·k3)/∂l = u is computed as (1 − e^{−u}) + (e^{−u} − 1 + u)
+    assert frozen_range(by_id["trl/grpo-k3-bias-correction"], "gradient", limit=45.0, steps=9001) is None
+    assert frozen_range(by_id["slime/kl-coef-grpo"], "value") is None  # an ignored flag: constant, not clamped
     assert frozen_range(by_id["openrlhf/k1-reward"], "value") == "u ≤ -10, u ≥ 10"
 
 
@@ -476,6 +479,7 @@ def test_cli_writes_frameworks_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "low_var_kl" in out
     assert "In verl 0.7.1, switching the KL on" in out
+    assert "The exact reverse-KL gradient in verl:" in out
     assert main(["audit", "--framework", "trl", "--out", str(tmp_path)]) == 0  # the installed TRL's version
     out = capsys.readouterr().out
     assert "the installed package trl is version" in out

@@ -335,7 +335,8 @@ def audit_presets() -> dict:
     for preset in select("verl", verl.__version__):
         option = VERL_OPTIONS[preset.id]
         v_verl, g_verl = _grad(partial(core_algos.kl_penalty, kl_penalty=option), l, r)
-        v_kg, g_kg = _grad(lambda l_, r_, p=preset: p.token_kl(l_, r_, l_.detach(), torch.ones_like(l_, dtype=torch.bool)), l, r)
+        mask = torch.ones_like(l, dtype=torch.bool)
+        v_kg, g_kg = _grad(lambda l_, r_, p=preset, m=mask: p.token_kl(l_, r_, l_.detach(), m), l, r)
         out[preset.id] = {
             "option": option,
             "style": preset.style,

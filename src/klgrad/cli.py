@@ -108,6 +108,11 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console) -
             console.print(f"\nIn {name} {version}, switching the KL on with default flags gives: {ids}", markup=False)
         else:
             console.print("\nDefaults by version:\n  " + "\n  ".join(defaults_summary(name) or ["none"]), markup=False)
+        from klgrad.audit.frameworks_doc import REMEDIES
+
+        for remedy in REMEDIES:
+            if remedy.framework == name:
+                console.print(f"\nThe exact reverse-KL gradient in {name}: {remedy.flags}", markup=False)
     console.print(f"\nwrote {write_frameworks(rows, out)}")
     return 0
 

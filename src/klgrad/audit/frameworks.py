@@ -157,25 +157,33 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
     return rows
 
 
-def frozen_range(preset: FrameworkKL, what: str, limit: float = 60.0, steps: int = 12001) -> str | None:
+def frozen_range(preset: FrameworkKL, what: str, limit: float = 30.0, steps: int = 6001) -> str | None:
     """Where a clamp acts, on-policy, over log-ratios u = l − r in [−limit, limit], as text (``u ≤ −a, u ≥ b``);
-    None when nowhere. ``what="gradient"``: where ∂(per-token loss term)/∂l is exactly 0 (the clamp zeroes the
-    gradient; loss presets only). ``what="value"``: where the per-token KL value stops changing with u (the
-    clamp caps it: a reward's coefficient, or a loss term whose gradient then comes from elsewhere). Each u is
-    a one-token response (shape (steps, 1)) with behaviour o = l."""
+    None when nowhere, or when the term does not depend on u at all.
+
+    ``what="value"``: where the per-token KL value stops changing with u (the clamp caps it: a reward's
+    coefficient, or a loss term whose gradient then comes from elsewhere). ``what="gradient"``: where the value
+    is capped *and* ∂(per-token loss term)/∂l is exactly 0, i.e. the term no longer depends on l (loss presets
+    only; a zero gradient with a moving value is float64 cancellation, e.g. ∂(ρ·k3)/∂l = u computed as
+    (1 − e^{−u}) + (e^{−u} − 1 + u) for u < −40, not a clamp). Each u is a one-token response, behaviour o = l.
+    The range stops at |u| = 30 so that saturating terms (e^u → 0) still move by more than a float64 ulp per
+    step; a clamp further out (Open-Instruct's ±40 on the log-ratio) is in the preset's label, not here."""
     u = torch.linspace(-limit, limit, steps, dtype=torch.float64)[:, None]  # (steps, 1)
     r = torch.zeros_like(u)
     mask = torch.ones_like(u, dtype=torch.bool)
+    value = preset.token_kl(u, r, u, mask).detach()[:, 0]
+    frozen = torch.zeros_like(value, dtype=torch.bool)
+    same = value[1:] == value[:-1]
+    frozen[1:] |= same
+    frozen[:-1] |= same
+    if bool(same.all()):
+        return None  # a constant (an ignored flag, a term without the reference): no clamp to report
     if what == "gradient":
         if preset.style != "loss":
             return None
         l = u.clone().requires_grad_(True)
         (grad,) = torch.autograd.grad(preset.token_kl(l, r, l.detach(), mask).sum(), l)
-        frozen = (grad == 0)[:, 0]
-    else:
-        value = preset.token_kl(u, r, u, mask).detach()[:, 0]
-        frozen = torch.zeros_like(value, dtype=torch.bool)
-        frozen[1:] = value[1:] == value[:-1]
+        frozen &= (grad == 0)[:, 0]
     u = u[:, 0]
     frozen &= u.abs() > 1e-6  # u = 0 is a stationary point of every KL, not a clamp
     parts = []

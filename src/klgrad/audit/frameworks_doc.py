@@ -53,7 +53,8 @@ a pure length term.
 handling. KL-in-reward rows get no task reward, baseline, whitening or critic (GAE with a zero critic is the
 λ-discounted reward-to-go). Errors are ‖g − ∇target‖ / ‖∇RKL‖; "<1e-12" is float64 round-off. **clamp**: where,
 on-policy, a clamp zeroes the per-token gradient (∇ = 0) or caps the value, as a range of the per-token log-ratio
-u = log π − log π_ref; on this problem |u| stays below the clamps, so the errors are the formulas' own. Presets
+u = log π − log π_ref within |u| ≤ 30 (a clamp further out, such as Open-Instruct's ±40, is in the preset's label);
+on this problem |u| stays below the clamps, so the errors are the formulas' own. Presets
 whose reference is the behaviour policy (RPG's scripts, prime-rl) are audited off-policy only, with π_ref := π_old:
 on-policy π_old = π and the term is 0.
 """
