@@ -70,7 +70,8 @@ FINDINGS = """
   "unbiased KL"; slime `--use-unbiased-kl`; NeMo-RL since 0.7), **k2 as a loss** (verl `mse`, OpenRLHF `k2`) and
   verl's `k3+` all differentiate to per-token k2 on-policy: the per-step reverse KL (`local_rkl`), {k2_on} relative
   error against the sequence reverse-KL gradient (a per-token loss drops the effect of today's token on the KL of
-  later tokens). TRL's bias correction with GSPO's sequence-mean ratio is neither ({gspo_on}).
+  later tokens); under slime's default per-sequence mean, the same weighted by 1/|y|. TRL's bias correction with
+  GSPO's sequence-mean ratio is neither ({gspo_on}).
 - **k1 as a loss** (verl `kl`, OpenRLHF's `--use_kl_loss` with its default estimator, slime's default
   `--kl-loss-type`) has zero expected gradient under a token sum; under slime's per-sequence mean it becomes
   ∇E[1/|y|], a pure length term ({slime_k1}).
