@@ -18,7 +18,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from klgrad.advantages import PRESETS, SHAPING_METHODS, ShapingStats, shape_rewards
+from klgrad.advantages import ShapingStats, shape_rewards
+from klgrad.choices import PRESETS, SHAPING_METHODS
 from tolerances import gamma
 
 pytestmark = pytest.mark.numerics

@@ -18,7 +18,16 @@ from hypothesis import strategies as st
 
 import klgrad
 from case_counts import CASES, report_counts
-from klgrad.advantages import SHAPING_METHODS, ShapingMethod
+from klgrad.choices import (
+    SHAPING_METHODS,
+    Aggregation,
+    Form,
+    HeadName,
+    Level,
+    RatioLevel,
+    RewardRatioLevel,
+    ShapingMethod,
+)
 from klgrad.config import (
     AlgoConfig,
     Config,
@@ -34,8 +43,7 @@ from klgrad.config import (
     resolve_config_path,
     to_dict,
 )
-from klgrad.kl import KL_HEADS, HeadName, Level, RatioLevel, RewardRatioLevel
-from klgrad.objective import Aggregation, Form
+from klgrad.kl import KL_HEADS
 
 
 def test_defaults_are_valid_and_round_trip_through_dict():
@@ -586,3 +594,22 @@ def test_group_size_one_is_refused_exactly_for_group_shaping(method):
             load_config(None, over)
     else:
         assert load_config(None, over).rollout.group_size == 1
+
+
+def test_config_and_cli_import_no_model_library():
+    """``klgrad.config`` (a YAML check) and ``klgrad.cli`` (``klgrad --help``, shell completion) load neither torch
+    nor transformers: the choices live in the leaf module ``klgrad.choices`` and the package's public names load
+    on first use. A fresh interpreter, so that no other test's imports count."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, klgrad.config, klgrad.cli; "
+        "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert "kl_loss" in dir(klgrad)
+    assert klgrad.KL_HEADS["k2_as_loss"].name == "k2_as_loss"  # still there on first use
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = klgrad.nope

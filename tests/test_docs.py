@@ -10,8 +10,8 @@ from typing import get_args
 import pytest
 
 from klgrad import docs
-from klgrad.kl import KL_HEADS, LEVELS, Target
-from klgrad.objective import FORMS
+from klgrad.choices import FORMS, LEVELS
+from klgrad.kl import KL_HEADS, Target
 
 ROOT = Path(__file__).parents[1]
 

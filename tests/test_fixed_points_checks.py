@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
+from klgrad.choices import LEVELS
 from klgrad.experiments.fixed_points import FixedPointConfig, run_fixed_points
 from klgrad.experiments.fixed_points_checks import CLOSED_FORM_KL_TOL, EXACT_FKL, EXACT_RKL, checks, closer_to_reference
-from klgrad.kl import LEVELS
 
 SMALL = FixedPointConfig(vocab=2, length=2)
 

@@ -26,8 +26,9 @@ from klgrad.audit.frameworks import (
     select,
 )
 from klgrad.audit.frameworks_doc import REMEDIES, remedy_row
-from klgrad.audit.presets import FRAMEWORKS, PRESETS
+from klgrad.audit.presets import PRESETS
 from klgrad.audit.run import AuditConfig, make_problem
+from klgrad.choices import FRAMEWORKS
 
 pytestmark = pytest.mark.numerics
 

@@ -26,7 +26,8 @@ from klgrad.audit.tabular import (
     sequence_logps,
     token_logps,
 )
-from klgrad.kl import KL_HEADS, LEVELS, custom_kl_head, get_kl_head, kl_loss_per_sequence, level_coefficients
+from klgrad.choices import LEVELS
+from klgrad.kl import KL_HEADS, custom_kl_head, get_kl_head, kl_loss_per_sequence, level_coefficients
 from klgrad.objective import combined_advantages, policy_gradient_loss
 
 pytestmark = [pytest.mark.filterwarnings("ignore:k1_as_loss has zero expected gradient"), pytest.mark.numerics]

@@ -30,13 +30,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import klgrad.kl as kl
+from klgrad.choices import LEVELS, RATIO_LEVELS, HeadName
 from klgrad.kl import (
     EXP_CAP,
     KL_HEADS,
-    LEVELS,
     MAX_LOG_RATIO,
-    RATIO_LEVELS,
-    HeadName,
     KLHead,
     clipped_surrogate_penalty,
     custom_kl_head,

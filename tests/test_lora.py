@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from klgrad.choices import LORA_TARGETS
 from klgrad.config import ConfigError, load_config
 from klgrad.data import make_splits
 from klgrad.logprobs import _shared_prompt_logits, sequence_logprobs
@@ -19,7 +20,6 @@ from klgrad.models import load_model_and_tokenizer
 from klgrad.models.fast_forward import FastForward, unsupported_reason
 from klgrad.models.lora import (
     ADAPTER_FILE,
-    LORA_TARGETS,
     adapter_parameters,
     apply_lora,
     load_adapter,

@@ -26,9 +26,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from klgrad.advantages import shape_rewards
-from klgrad.kl import RATIO_LEVELS, kl_loss_per_sequence
+from klgrad.choices import AGGREGATIONS, RATIO_LEVELS
+from klgrad.kl import kl_loss_per_sequence
 from klgrad.objective import (
-    AGGREGATIONS,
     ObjectiveSpec,
     aggregate,
     aggregate_totals,

@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from case_counts import CASES, report_counts
+from klgrad.choices import FORMS, LEVELS, RATIO_LEVELS
 from klgrad.config import ConfigError, load_config
-from klgrad.kl import KL_HEADS, LEVELS, RATIO_LEVELS, kl_estimate, kl_loss
+from klgrad.kl import KL_HEADS, kl_estimate, kl_loss
 from klgrad.objective import (
-    FORMS,
     ObjectiveSpec,
     combined_advantages,
     decoupled_advantages,

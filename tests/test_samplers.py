@@ -178,6 +178,7 @@ def test_rows_draw_the_same_tokens_whatever_the_batch_split(model):
 
 
 def test_every_engine_has_a_sampler():
-    from klgrad.rollout.samplers import ENGINES, SAMPLERS
+    from klgrad.choices import ENGINES
+    from klgrad.rollout.samplers import SAMPLERS
 
     assert tuple(SAMPLERS) == ENGINES

@@ -9,29 +9,54 @@ A KL regulariser is judged by the gradient it produces. The public API (every ex
 - :func:`policy_objective` — reward head + KL head, combined or decoupled.
 """
 
-from klgrad.advantages import PRESETS, SHAPING_METHODS, ShapingStats, shape_rewards
-from klgrad.kl import (
-    KL_HEADS,
-    LEVELS,
-    KLHead,
-    custom_kl_head,
-    get_kl_head,
-    importance_ratio,
-    kl_estimate,
-    kl_loss,
-    kl_loss_per_sequence,
-    level_coefficients,
-)
-from klgrad.objective import (
-    ObjectiveSpec,
-    ObjectiveTerms,
-    aggregate,
-    combined_advantages,
-    decoupled_advantages,
-    objective_diagnostics,
-    policy_gradient_loss,
-    policy_objective,
-)
+import importlib
+
+_HOME: dict[str, str] = {
+    **dict.fromkeys(("PRESETS", "SHAPING_METHODS", "LEVELS"), "klgrad.choices"),
+    **dict.fromkeys(("ShapingStats", "shape_rewards"), "klgrad.advantages"),
+    **dict.fromkeys(
+        (
+            "KL_HEADS",
+            "KLHead",
+            "custom_kl_head",
+            "get_kl_head",
+            "importance_ratio",
+            "kl_estimate",
+            "kl_loss",
+            "kl_loss_per_sequence",
+            "level_coefficients",
+        ),
+        "klgrad.kl",
+    ),
+    **dict.fromkeys(
+        (
+            "ObjectiveSpec",
+            "ObjectiveTerms",
+            "aggregate",
+            "combined_advantages",
+            "decoupled_advantages",
+            "objective_diagnostics",
+            "policy_gradient_loss",
+            "policy_objective",
+        ),
+        "klgrad.objective",
+    ),
+}
+"""Where each public name lives. They load on first use (PEP 562), so that ``import klgrad.config`` (a YAML
+check) does not import torch."""
+
+
+def __getattr__(name: str):
+    if name in _HOME:
+        value = getattr(importlib.import_module(_HOME[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'klgrad' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __version__ = "0.1.0"
 

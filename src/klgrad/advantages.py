@@ -10,43 +10,13 @@ values are all exactly equal is degenerate: its advantages are exactly 0, never 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-ShapingMethod = Literal[
-    "none",
-    "group_baseline",
-    "batch_baseline",
-    "batch_norm",
-    "group_norm",
-    "rloo",
-    "grpo",
-    "dr_grpo",
-    "reinforce",
-    "reinforce_pp",
-    "reinforce_pp_baseline",
-]
-SHAPING_METHODS: tuple[str, ...] = get_args(ShapingMethod)
+from klgrad.choices import GROUP_OPS, PRESETS, SHAPING_METHODS, needs_groups
 
-# Preset name -> operators applied left to right.
-PRESETS: dict[str, tuple[str, ...]] = {
-    "reinforce": ("batch_norm",),
-    "reinforce_pp": ("batch_norm",),
-    "grpo": ("group_norm",),
-    "dr_grpo": ("group_baseline",),
-    "reinforce_pp_baseline": ("group_baseline", "batch_norm"),
-}
-
-_GROUP_OPS = frozenset({"group_baseline", "group_norm", "rloo"})
 _NORM_OPS = frozenset({"group_norm", "batch_norm"})
-
-
-def needs_groups(method: str) -> bool:
-    """True when ``method`` takes a statistic over each prompt's group (group baseline, group norm, RLOO), so it
-    needs ``group_size`` ≥ 2: with one response per prompt its advantages would all be 0 (or undefined)."""
-    return bool(_GROUP_OPS.intersection(PRESETS.get(method, (method,))))
 
 
 @dataclass(frozen=True)
@@ -188,7 +158,7 @@ def shape_rewards(
     zero_std_groups = int(_center(x, G)[1].sum())
     std_clipped = 0
     for op in ops:
-        n = G if op in _GROUP_OPS else B
+        n = G if op in GROUP_OPS else B
         if op in _NORM_OPS:
             x, c = _normalize(x, n, std_min, std_max)  # (B,)
             std_clipped += c

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from klgrad import __version__
-from klgrad.audit.frameworks import FRAMEWORKS
+from klgrad.choices import ENGINES, FRAMEWORKS
 from klgrad.completion import SHELLS, completion_script
 from klgrad.experiments.reproduce import TARGETS
 
@@ -354,13 +354,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 EVAL_REWARDS: tuple[str, ...] = ("accuracy", "final_number")
-"""``klgrad eval --reward`` choices: :data:`klgrad.rewards.ACCURACY_REWARDS` (spelled out for the same reason as
-:data:`EVAL_ENGINES`; a test keeps the two equal)."""
-
-EVAL_ENGINES: tuple[str, ...] = ("klgrad", "hf", "vllm")
-"""``klgrad eval --engine`` choices: :data:`klgrad.rollout.samplers.ENGINES` (spelled out: importing the samplers
-loads transformers, which ``klgrad --help`` and the completion scripts should not wait for; a test keeps the two
-equal)."""
+"""``klgrad eval --reward`` choices: :data:`klgrad.rewards.ACCURACY_REWARDS` (spelled out: importing the rewards
+loads what ``klgrad --help`` and the completion scripts should not wait for; a test keeps the two equal)."""
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
@@ -399,7 +394,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--engine",
         default="klgrad",
-        choices=EVAL_ENGINES,
+        choices=ENGINES,
         help="klgrad (KV-cache sampler with the fast decode, default), hf (transformers generate), vllm (CUDA GPU)",
     )
     e.add_argument("--seed", type=int, default=0, help="sampling seed (every model draws the same random numbers)")
@@ -473,7 +468,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 EXPORT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-"""``klgrad export --dtype`` choices: :data:`klgrad.export.EXPORT_DTYPES` (spelled out, as :data:`EVAL_ENGINES`, so
+"""``klgrad export --dtype`` choices: :data:`klgrad.export.EXPORT_DTYPES` (spelled out, as :data:`EVAL_REWARDS`, so
 that ``klgrad --help`` does not import transformers; a test keeps the two equal)."""
 
 

@@ -24,14 +24,21 @@ from typing import Any, Literal, get_args, get_origin
 
 import yaml
 
-from klgrad.advantages import ShapingMethod, needs_groups
-from klgrad.kl import HeadName, Level, RatioLevel, RewardRatioLevel
-from klgrad.models.lora import LORA_TARGETS
-from klgrad.objective import Aggregation, Form
-from klgrad.rollout.encoding import PromptFormat
-from klgrad.rollout.mismatch import MismatchLevel
-from klgrad.rollout.samplers import Engine
-from klgrad.schedule import Schedule
+from klgrad.choices import (
+    LORA_TARGETS,
+    Aggregation,
+    Engine,
+    Form,
+    HeadName,
+    Level,
+    MismatchLevel,
+    PromptFormat,
+    RatioLevel,
+    RewardRatioLevel,
+    Schedule,
+    ShapingMethod,
+    needs_groups,
+)
 
 
 class ConfigError(ValueError):

@@ -11,9 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import get_args
 
-from klgrad.advantages import PRESETS, SHAPING_METHODS
-from klgrad.kl import KL_HEADS, LEVELS, RATIO_LEVELS, KLHead, Target
-from klgrad.objective import AGGREGATIONS, FORMS
+from klgrad.choices import AGGREGATIONS, FORMS, LEVELS, PRESETS, RATIO_LEVELS, SHAPING_METHODS
+from klgrad.kl import KL_HEADS, KLHead, Target
 
 NOTATION_TEXT: tuple[str, ...] = (
     "## Notation",
@@ -120,7 +119,7 @@ FORM_TEXT: dict[str, str] = {
     "decoupled": "A = shape(R) drives the reward head; the KL head is a separate loss with β outside, never "
     "normalised. All levels.",
 }
-"""docs/math.md, “How a head joins the reward: form”: one entry per form of :data:`klgrad.objective.FORMS`."""
+"""docs/math.md, “How a head joins the reward: form”: one entry per form of :data:`klgrad.choices.FORMS`."""
 
 COMBINED_TOKEN_TO_GO_TEXT = (
     "Combined at `token_to_go`: token t of response i gets A_{i,t} = shape(x)_i + s_{-i}·β·Σ_{t'<t} c_t', "
@@ -159,7 +158,7 @@ AGGREGATION_TEXT: dict[str, str] = {
     "token_mean": "Σ_i Σ_t m ℓ / Σ_i Σ_t m",
     "seq_mean_token_mean": "(1/B) Σ_i (Σ_t m ℓ / Σ_t m)",
 }
-"""One entry per aggregation of :data:`klgrad.objective.AGGREGATIONS`."""
+"""One entry per aggregation of :data:`klgrad.choices.AGGREGATIONS`."""
 
 
 SHAPING_TEXT: dict[str, str] = {
@@ -171,7 +170,7 @@ SHAPING_TEXT: dict[str, str] = {
     "rloo": "A_i = R_i − mean of the other G − 1 rewards of its group (leave-one-out) = G/(G − 1)·(R_i − "
     "mean_group(R))",
 }
-"""One entry per shaping operator of :data:`klgrad.advantages.SHAPING_METHODS` (presets excluded)."""
+"""One entry per shaping operator of :data:`klgrad.choices.SHAPING_METHODS` (presets excluded)."""
 
 PRESET_TEXT: dict[str, str] = {
     "reinforce": "REINFORCE",
@@ -180,7 +179,7 @@ PRESET_TEXT: dict[str, str] = {
     "dr_grpo": "Dr. GRPO",
     "reinforce_pp_baseline": "REINFORCE++-baseline",
 }
-"""The algorithm each preset of :data:`klgrad.advantages.PRESETS` is named after."""
+"""The algorithm each preset of :data:`klgrad.choices.PRESETS` is named after."""
 
 
 FIXED_POINTS_TEXT: tuple[str, ...] = (
@@ -271,7 +270,7 @@ SHAPING_OPERATORS: tuple[str, ...] = tuple(m for m in SHAPING_METHODS if m not i
 
 
 def preset_bullets() -> str:
-    """One line per preset of :data:`klgrad.advantages.PRESETS`: the algorithm's name and its operator chain."""
+    """One line per preset of :data:`klgrad.choices.PRESETS`: the algorithm's name and its operator chain."""
     text = {
         name: f"{algo}: " + " then ".join(f"`{op}`" for op in PRESETS.get(name, ()))
         for name, algo in PRESET_TEXT.items()

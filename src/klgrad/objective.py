@@ -22,22 +22,28 @@ equal the full-batch gradient exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from klgrad.advantages import leave_one_out_scale, shape_rewards
-from klgrad.kl import (
-    KL_HEADS,
+from klgrad.choices import (
+    AGGREGATIONS,
+    FORMS,
     LEVELS,
-    MAX_LOG_RATIO,
     RATIO_LEVELS,
     REWARD_RATIO_LEVELS,
-    KLHead,
+    Aggregation,
+    Form,
     Level,
     RatioLevel,
     RewardRatioLevel,
+)
+from klgrad.kl import (
+    KL_HEADS,
+    MAX_LOG_RATIO,
+    KLHead,
     get_kl_head,
     importance_ratio,
     kl_loss_per_sequence,
@@ -49,11 +55,6 @@ from klgrad.kl import (
 
 if TYPE_CHECKING:
     from klgrad.config import Config
-
-Form = Literal["combined", "decoupled"]
-Aggregation = Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"]
-FORMS: tuple[str, ...] = get_args(Form)
-AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 @dataclass(frozen=True)

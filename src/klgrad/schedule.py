@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import get_args
 
-Schedule = Literal["constant", "cosine", "linear"]
+from klgrad.choices import Schedule
+
 SCHEDULES: tuple[str, ...] = get_args(Schedule)
 
 

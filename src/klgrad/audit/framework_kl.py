@@ -33,7 +33,7 @@ TokenKL = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 """(l, r, o, mask) -> per-token term (N, T): what the framework adds to its per-token loss, or (reward presets)
 its per-token KL penalty, at β = 1. ``mask`` is only read by rules that pool over a response (GSPO's ratio)."""
 
-Aggregation = Literal["token_sum", "token_mean", "constant", "seq_mean"]
+FrameworkAggregation = Literal["token_sum", "token_mean", "constant", "seq_mean"]
 AGGREGATIONS: dict[str, str] = {
     "token_sum": "Σ_t over the response",
     "token_mean": "batch token mean (= token sum at β/E|y|)",
@@ -115,7 +115,7 @@ class FrameworkKL:
     project without releases (the rule of its main branch on that date)."""
     source: str
     """``owner/repo@commit (date) path``: what was read, and the lines that decide the rule."""
-    aggregation: Aggregation
+    aggregation: FrameworkAggregation
     """The framework's default reduction of this term (:data:`AGGREGATIONS`)."""
     default: str | None = None
     """Versions (specifier) in which this is what the framework does when its KL is switched on with default

@@ -26,8 +26,9 @@ import torch
 from torch import Tensor
 
 from klgrad.audit.framework_kl import SUM_FAMILY, FrameworkKL
-from klgrad.audit.presets import FRAMEWORKS, PACKAGES, PRESETS
+from klgrad.audit.presets import PACKAGES, PRESETS
 from klgrad.audit.tabular import exact_gradient, expected_gradient, token_logps
+from klgrad.choices import FRAMEWORKS
 from klgrad.kl import KL_HEADS, kl_loss_per_sequence
 
 # ----------------------------------------------------------------------------------------------------------

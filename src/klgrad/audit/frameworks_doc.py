@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from klgrad.audit.framework_kl import AGGREGATIONS
 from klgrad.audit.frameworks import clamp_text, framework_rows, is_default
-from klgrad.audit.presets import FRAMEWORKS, PRESETS
+from klgrad.audit.presets import PRESETS
 from klgrad.audit.run import AuditConfig, make_problem
+from klgrad.choices import FRAMEWORKS
 from klgrad.fmt import fmt_num
 
 INTRO = """# What your framework's KL differentiates to

@@ -32,6 +32,7 @@ from klgrad.audit.framework_kl import (
     straight_through,
     token_ratio,
 )
+from klgrad.choices import FRAMEWORKS
 
 
 def nemo_kl(l: Tensor, r: Tensor, weight: Tensor, input_clamp: float | None = 20.0, output_clamp: float | None = 10.0):
@@ -825,24 +826,6 @@ _add(
     ),
 )
 
-FRAMEWORKS: tuple[str, ...] = (
-    "trl",
-    "verl",
-    "openrlhf",
-    "slime",
-    "nemo-rl",
-    "deepseek-v3.2",
-    "rpg",
-    "roll",
-    "areal",
-    "open-instruct",
-    "torchtune",
-    "prime-rl",
-    "skyrl",
-    "ms-swift",
-    "tinker",
-)
-"""Framework names, in table order."""
 assert set(FRAMEWORKS) == set(PRESETS_BY_FRAMEWORK), set(FRAMEWORKS) ^ set(PRESETS_BY_FRAMEWORK)
 
 PRESETS: tuple[FrameworkKL, ...] = tuple(p for name in FRAMEWORKS for p in PRESETS_BY_FRAMEWORK[name])

@@ -37,8 +37,9 @@ from klgrad.audit.tabular import (
     random_logits,
     token_logps,
 )
+from klgrad.choices import LEVELS
 from klgrad.fmt import fmt_num
-from klgrad.kl import KL_HEADS, LEVELS, KLHead, custom_kl_head, kl_loss_per_sequence, masked_sum
+from klgrad.kl import KL_HEADS, KLHead, custom_kl_head, kl_loss_per_sequence, masked_sum
 from klgrad.objective import combined_advantages, policy_gradient_loss
 from klgrad.plotting import pyplot, save
 

@@ -24,13 +24,14 @@ from pathlib import Path
 
 import torch
 
+from klgrad.choices import ENGINES
 from klgrad.data import Example
 from klgrad.eval.benchmarks import Benchmark, encode_eval_prompts, uses_chat_template
 from klgrad.eval.models import EvalModel, ModelSource, load_eval_model
 from klgrad.eval.passk import mean_pass_at_k
 from klgrad.rewards import ACCURACY_REWARDS, BUILTIN_REWARDS
 from klgrad.rollout.encoding import decode_responses
-from klgrad.rollout.samplers import ENGINES, Sampler, make_sampler
+from klgrad.rollout.samplers import Sampler, make_sampler
 from klgrad.trainer.setup import resolve_device
 
 DEFAULT_MAX_NEW_TOKENS = 1024

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from klgrad.audit.tabular import TabularSpace, build_space, token_logps
+from klgrad.choices import LEVELS
 from klgrad.experiments.fixed_points_checks import checks, closer_to_reference
 from klgrad.experiments.fixed_points_report import plot_fixed_points, verdict_markdown
 from klgrad.experiments.tabular_descent import descend, method_form, per_sequence_loss
@@ -49,7 +50,6 @@ from klgrad.experiments.tabular_optima import (
     reverse_kl_optimum,
     rewarded_set,
 )
-from klgrad.kl import LEVELS
 
 REGIMES: tuple[str, ...] = ("sharpening", "discovery")
 HEADS: tuple[str, ...] = (

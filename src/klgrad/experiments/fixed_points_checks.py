@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from klgrad.kl import LEVELS
+from klgrad.choices import LEVELS
 
 EXACT_RKL: tuple[str, ...] = (
     "k1_in_reward/sequence",

@@ -63,19 +63,9 @@ except ImportError as err:  # pragma: no cover - exercised by a test that hides 
         "klgrad.integrations.trl needs TRL (>= 1.16), which is not installed: pip install 'klgrad[trl]'"
     ) from err
 
-from klgrad.advantages import SHAPING_METHODS
-from klgrad.kl import (
-    KL_HEADS,
-    LEVELS,
-    RATIO_LEVELS,
-    KLHead,
-    Level,
-    RatioLevel,
-    get_kl_head,
-    kl_loss_per_sequence,
-    level_coefficients,
-)
-from klgrad.objective import FORMS, Form, ObjectiveSpec, combined_advantages, objective_diagnostics
+from klgrad.choices import FORMS, LEVELS, RATIO_LEVELS, SHAPING_METHODS, Form, Level, RatioLevel
+from klgrad.kl import KL_HEADS, KLHead, get_kl_head, kl_loss_per_sequence, level_coefficients
+from klgrad.objective import ObjectiveSpec, combined_advantages, objective_diagnostics
 
 __all__ = ["TRL_LOSS_TYPES", "KLGradGRPOTrainer", "KLGradTRLConfig", "aggregate_like_trl"]
 

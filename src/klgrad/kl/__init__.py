@@ -42,6 +42,7 @@ surrogate) and :mod:`~klgrad.kl.loss` (:func:`kl_loss`, :func:`adaptive_beta`). 
 ``klgrad.kl``.
 """
 
+from klgrad.choices import LEVELS, RATIO_LEVELS, REWARD_RATIO_LEVELS, HeadName, Level, RatioLevel, RewardRatioLevel
 from klgrad.kl.estimators import (
     ESTIMATORS,
     EstimatorKind,
@@ -52,7 +53,6 @@ from klgrad.kl.estimators import (
 from klgrad.kl.heads import (
     KL_HEADS,
     CoefficientFn,
-    HeadName,
     HeadStyle,
     KLHead,
     PenaltyFn,
@@ -69,18 +69,10 @@ from klgrad.kl.heads import (
     unit_coefficient,
     zero_coefficient,
 )
-from klgrad.kl.levels import LEVELS, Level, level_coefficients, masked_sum, reverse_cumsum
+from klgrad.kl.levels import level_coefficients, masked_sum, reverse_cumsum
 from klgrad.kl.loss import adaptive_beta, kl_loss, kl_loss_per_sequence
 from klgrad.kl.numerics import EXP_CAP, MAX_LOG_RATIO, exp_linear_tail, expm1_linear_tail
-from klgrad.kl.offpolicy import (
-    RATIO_LEVELS,
-    REWARD_RATIO_LEVELS,
-    RatioLevel,
-    RewardRatioLevel,
-    clipped_surrogate_penalty,
-    gspo_ratio,
-    importance_ratio,
-)
+from klgrad.kl.offpolicy import clipped_surrogate_penalty, gspo_ratio, importance_ratio
 
 __all__ = [
     "ESTIMATORS",

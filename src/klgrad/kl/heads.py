@@ -198,20 +198,6 @@ class KLHead:
         return f"KLHead(name={self.name!r}, style={self.style!r})"
 
 
-HeadName = Literal[
-    "none",
-    "k1_in_reward",
-    "k2_as_loss",
-    "k3_as_loss",
-    "k3_in_reward",
-    "k1_as_loss",
-    "mse_in_reward",
-    "fkl_as_loss",
-    "js_in_reward",
-    "js_as_loss",
-]
-"""The built-in heads' names, in registry (and docs table) order."""
-
 _BUILT_IN_HEADS: tuple[KLHead, ...] = (
     KLHead(
         name="none",

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 from torch import Tensor
 
+from klgrad.choices import LEVELS, Level
 from klgrad.kl.heads import KLHead
 from klgrad.kl.numerics import at_least_f32
-
-Level = Literal["sequence", "token_to_go", "token"]
-LEVELS: tuple[str, ...] = get_args(Level)
 
 
 def masked_sum(x: Tensor, mask: Tensor) -> Tensor:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from klgrad.choices import LEVELS, RATIO_LEVELS, Level, RatioLevel
 from klgrad.kl.heads import KLHead, get_kl_head
-from klgrad.kl.levels import LEVELS, Level, level_coefficients, masked_sum
+from klgrad.kl.levels import level_coefficients, masked_sum
 from klgrad.kl.numerics import MAX_LOG_RATIO, at_least_f32, straight_through_cap
-from klgrad.kl.offpolicy import RATIO_LEVELS, RatioLevel, clipped_surrogate_penalty, importance_ratio
+from klgrad.kl.offpolicy import clipped_surrogate_penalty, importance_ratio
 
 
 def _validate(

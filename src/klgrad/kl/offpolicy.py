@@ -3,18 +3,11 @@ and the PPO-consistent clipped surrogate of a penalty coefficient."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
-
 import torch
 from torch import Tensor
 
+from klgrad.choices import REWARD_RATIO_LEVELS, RewardRatioLevel
 from klgrad.kl.numerics import MAX_LOG_RATIO, at_least_f32, straight_through_cap
-
-RatioLevel = Literal["token", "sequence"]
-RewardRatioLevel = Literal["token", "sequence", "gspo"]
-RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
-REWARD_RATIO_LEVELS: tuple[str, ...] = get_args(RewardRatioLevel)
-"""The reward head's ratio levels: the KL head's (exact IS weights) plus ``gspo`` (:func:`gspo_ratio`)."""
 
 
 def gspo_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, max_log_ratio: float = MAX_LOG_RATIO) -> Tensor:

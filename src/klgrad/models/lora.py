@@ -31,11 +31,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from klgrad.choices import LORA_TARGETS
+
 if TYPE_CHECKING:
     from klgrad.config import Config
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""Every linear projection of a Llama / Qwen2 / Mistral decoder layer: the default and the allowed targets."""
 
 ADAPTER_FILE = "adapter.safetensors"
 """The adapter's file in a checkpoint folder (in place of ``policy.safetensors``)."""

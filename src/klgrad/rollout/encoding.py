@@ -3,16 +3,11 @@ decoded without padding."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
+from klgrad.choices import PromptFormat
 from klgrad.rollout.samplers import Rollout
-
-PromptFormat = Literal["auto", "chat", "raw"]
-"""How a prompt becomes tokens: ``chat`` = one user message through the tokenizer's chat template with the
-generation prompt appended; ``raw`` = BOS + the prompt text; ``auto`` = chat when the tokenizer has a template."""
 
 
 def uses_chat(prompt_format: PromptFormat, tokenizer) -> bool:

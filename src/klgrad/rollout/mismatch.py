@@ -9,13 +9,11 @@ slightly off-policy. ``rollout.mismatch_correction`` reweights the reward head's
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
-MismatchLevel = Literal["token", "sequence"]
-MISMATCH_LEVELS: tuple[str, ...] = get_args(MismatchLevel)
+from klgrad.choices import MISMATCH_LEVELS, MismatchLevel
 
 
 def mismatch_weights(

@@ -14,7 +14,7 @@ masked out; a response that reaches ``max_new_tokens`` without EOS is marked tru
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol, get_args
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -319,9 +319,6 @@ def _vllm_sampler(eos_id: int, pad_id: int, **options) -> Sampler:
 KVCacheSampler = KlgradSampler
 """The former name of :class:`KlgradSampler`."""
 
-Engine = Literal["klgrad", "hf", "vllm"]
-"""``rollout.engine``: klgrad's own KV-cache decoder (:class:`KlgradSampler`), transformers ``generate``, vLLM."""
-ENGINES: tuple[str, ...] = get_args(Engine)
 
 SAMPLERS = {"klgrad": KlgradSampler, "hf": HFGenerateSampler, "vllm": _vllm_sampler}
 

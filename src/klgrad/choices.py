@@ -1,0 +1,101 @@
+"""The choices a configuration names: every closed set of option values (``Literal`` types and their tuples) in one
+leaf module that imports nothing from klgrad and no torch, so ``klgrad.config`` validates a YAML file without
+loading a model library. The modules that implement each choice import its type from here."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+# KL heads and where they act (klgrad.kl)
+HeadName = Literal[
+    "none",
+    "k1_in_reward",
+    "k2_as_loss",
+    "k3_as_loss",
+    "k3_in_reward",
+    "k1_as_loss",
+    "mse_in_reward",
+    "fkl_as_loss",
+    "js_in_reward",
+    "js_as_loss",
+]
+"""The built-in heads' names, in registry (and docs table) order."""
+Level = Literal["sequence", "token_to_go", "token"]
+LEVELS: tuple[str, ...] = get_args(Level)
+RatioLevel = Literal["token", "sequence"]
+RewardRatioLevel = Literal["token", "sequence", "gspo"]
+RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
+REWARD_RATIO_LEVELS: tuple[str, ...] = get_args(RewardRatioLevel)
+"""The reward head's ratio levels: the KL head's (exact IS weights) plus ``gspo`` (klgrad.kl.offpolicy.gspo_ratio)."""
+
+# the objective (klgrad.objective)
+Form = Literal["combined", "decoupled"]
+Aggregation = Literal["seq_mean_token_sum", "token_mean", "seq_mean_token_mean"]
+FORMS: tuple[str, ...] = get_args(Form)
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+
+# reward shaping (klgrad.advantages)
+ShapingMethod = Literal[
+    "none",
+    "group_baseline",
+    "batch_baseline",
+    "batch_norm",
+    "group_norm",
+    "rloo",
+    "grpo",
+    "dr_grpo",
+    "reinforce",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+]
+SHAPING_METHODS: tuple[str, ...] = get_args(ShapingMethod)
+PRESETS: dict[str, tuple[str, ...]] = {
+    "reinforce": ("batch_norm",),
+    "reinforce_pp": ("batch_norm",),
+    "grpo": ("group_norm",),
+    "dr_grpo": ("group_baseline",),
+    "reinforce_pp_baseline": ("group_baseline", "batch_norm"),
+}
+"""Shaping preset name -> operators applied left to right."""
+GROUP_OPS = frozenset({"group_baseline", "group_norm", "rloo"})
+
+
+def needs_groups(method: str) -> bool:
+    """True when ``method`` takes a statistic over each prompt's group (group baseline, group norm, RLOO), so it
+    needs ``group_size`` ≥ 2: with one response per prompt its advantages would all be 0 (or undefined)."""
+    return bool(GROUP_OPS.intersection(PRESETS.get(method, (method,))))
+
+
+# rollout (klgrad.rollout)
+Engine = Literal["klgrad", "hf", "vllm"]
+"""``rollout.engine``: klgrad's own KV-cache decoder (KlgradSampler), transformers ``generate``, vLLM."""
+ENGINES: tuple[str, ...] = get_args(Engine)
+PromptFormat = Literal["auto", "chat", "raw"]
+"""How a prompt becomes tokens: ``chat`` = one user message through the tokenizer's chat template with the
+generation prompt appended; ``raw`` = BOS + the prompt text; ``auto`` = chat when the tokenizer has a template."""
+MismatchLevel = Literal["token", "sequence"]
+MISMATCH_LEVELS: tuple[str, ...] = get_args(MismatchLevel)
+
+# optimisation and models
+Schedule = Literal["constant", "cosine", "linear"]
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear projection of a Llama / Qwen2 / Mistral decoder layer: the default and the allowed targets."""
+
+# the frameworks ``klgrad audit --framework`` covers (klgrad.audit.presets), in table order
+FRAMEWORKS: tuple[str, ...] = (
+    "trl",
+    "verl",
+    "openrlhf",
+    "slime",
+    "nemo-rl",
+    "deepseek-v3.2",
+    "rpg",
+    "roll",
+    "areal",
+    "open-instruct",
+    "torchtune",
+    "prime-rl",
+    "skyrl",
+    "ms-swift",
+    "tinker",
+)
