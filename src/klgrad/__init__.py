@@ -60,28 +60,4 @@ def __dir__() -> list[str]:
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "KL_HEADS",
-    "LEVELS",
-    "PRESETS",
-    "SHAPING_METHODS",
-    "KLHead",
-    "ObjectiveSpec",
-    "ObjectiveTerms",
-    "ShapingStats",
-    "__version__",
-    "aggregate",
-    "combined_advantages",
-    "custom_kl_head",
-    "decoupled_advantages",
-    "get_kl_head",
-    "importance_ratio",
-    "kl_estimate",
-    "kl_loss",
-    "kl_loss_per_sequence",
-    "level_coefficients",
-    "objective_diagnostics",
-    "policy_gradient_loss",
-    "policy_objective",
-    "shape_rewards",
-]
+__all__ = sorted([*_HOME, "__version__"])
