@@ -1016,3 +1016,36 @@ def test_micro_batching_is_exact(seed, cuts):
             o = None if kw["old_logp"] is None else kw["old_logp"][a:b]
             parts.append(kl_loss_per_sequence(head(name), logp[a:b], ref[a:b], mask[a:b], **{**kw, "old_logp": o}))
         assert torch.equal(full, torch.cat(parts)), (name, level, mode)
+
+
+def test_register_and_load_user_heads(tmp_path, monkeypatch):
+    """register_kl_head (libraries) and package.module:name (configs): a penalty becomes a custom head named by
+    its spec, a KLHead passes through; clear errors otherwise; built-in names are not taken."""
+    import dataclasses
+
+    from klgrad.kl import custom_kl_head, get_kl_head, load_kl_head, register_kl_head
+
+    (tmp_path / "heads_for_klgrad_test.py").write_text(
+        "def psi(logp, ref_logp):\n    return (logp - ref_logp) ** 2\n\nnot_a_head = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    head = get_kl_head("heads_for_klgrad_test:psi")
+    assert head.name == "heads_for_klgrad_test:psi"
+    assert head.style == "as_loss"
+    assert load_kl_head("heads_for_klgrad_test:psi") is head  # loaded once
+    l, r = torch.tensor([0.3, -1.0]), torch.tensor([0.0, 0.5])
+    assert head.coefficient(l, r).tolist() == pytest.approx((2 * (l - r)).tolist())
+    for spec, msg in (
+        ("heads_for_klgrad_test:nope", "has no attribute"),
+        ("no_such_module_for_klgrad:psi", "cannot import"),
+        ("heads_for_klgrad_test:not_a_head", "neither a KLHead nor a penalty"),
+        ("bad spec:x", "package.module:name"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            get_kl_head(spec)
+    mine = register_kl_head(dataclasses.replace(custom_kl_head(lambda a, b: (a - b) ** 2), name="mine_for_test"))
+    assert get_kl_head("mine_for_test") is mine
+    with pytest.raises(ValueError, match="already registered"):
+        register_kl_head(dataclasses.replace(mine))
+    with pytest.raises(ValueError, match="built-in"):
+        register_kl_head(dataclasses.replace(mine, name="k2_as_loss"))

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, load_model
 
-from klgrad.config import load_config
+from klgrad.config import ConfigError, load_config
 from klgrad.kl import adaptive_beta
 from klgrad.models import load_model_and_tokenizer
 from klgrad.rollout.samplers import make_sampler
@@ -328,3 +328,49 @@ def test_top_p_run_without_kl_head_evaluates_kl_on_the_full_distribution(tmp_pat
     assert math.isfinite(rec["eval/sampled_reward"])
     assert math.isfinite(rec["eval/kl_k1"])
     assert rec["eval/kl_k3"] >= 0.0
+
+
+USER_HEADS = '''
+"""A user's KL heads, outside klgrad: a penalty function and a KLHead."""
+import dataclasses
+
+from klgrad.kl import KL_HEADS
+
+
+def half_square(logp, ref_logp):
+    """½(log π − log π_ref)²: k2 as a loss, written by a user."""
+    return 0.5 * (logp - ref_logp) ** 2
+
+
+reward_k1 = dataclasses.replace(KL_HEADS["k1_in_reward"], name="my_k1_in_reward")
+'''
+
+
+def test_a_head_in_a_users_file_trains_through_kl_head_module_name(tmp_path, monkeypatch):
+    """``--kl.head module:name`` trains a user's penalty ψ(logp, ref_logp) (made a head by custom_kl_head): the
+    recorded config names it, and ψ = ½(l − r)² trains as the built-in k2_as_loss does (same draws, weights within
+    the AdamW rounding bound of the test above: the two compute the same ψ and coefficient, the user's through
+    autograd)."""
+    (tmp_path / "user_heads_for_klgrad.py").write_text(USER_HEADS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    final, steps, cfgs = {}, {}, {}
+    for name, head in (("builtin", "k2_as_loss"), ("user", "user_heads_for_klgrad:half_square")):
+        cfgs[name] = cfg = small(tmp_path / name, **{"train.eval_every": 0, "train.steps": 2, "kl.head": head})
+        train(cfg, progress=False)
+        run = tmp_path / name / "run"
+        final[name] = weights(run / "checkpoints" / "step_000002" / "policy.safetensors")
+        steps[name] = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r]
+    recorded = (tmp_path / "user" / "run" / "config.yaml").read_text()
+    assert "head: user_heads_for_klgrad:half_square" in recorded
+    assert [r["reward/mean"] for r in steps["user"]] == [r["reward/mean"] for r in steps["builtin"]]
+    assert steps["user"][-1]["loss/kl"] == pytest.approx(steps["builtin"][-1]["loss/kl"], rel=1e-3)
+    bound = 2 * adamw_step_bound(cfgs["user"].optim.lr, 2, cfgs["user"].optim.betas)
+    for k, w in final["builtin"].items():
+        torch.testing.assert_close(final["user"][k], w, rtol=0, atol=bound, msg=k)
+    # a KLHead object by module:name, and a typo in the name, fail or run as they say
+    over = {"kl.head": "user_heads_for_klgrad:reward_k1", "kl.form": "combined", "kl.level": "token_to_go"}
+    cfg = small(tmp_path / "obj", **{"train.eval_every": 0, "train.steps": 1, **over})
+    train(cfg, progress=False)
+    with pytest.raises(ConfigError, match=r"kl\.head: .* has no attribute 'nope'"):
+        train(small(tmp_path / "bad", **{"kl.head": "user_heads_for_klgrad:nope"}), progress=False)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written

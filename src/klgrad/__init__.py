@@ -20,6 +20,7 @@ _HOME: dict[str, str] = {
             "KLHead",
             "custom_kl_head",
             "get_kl_head",
+            "register_kl_head",
             "importance_ratio",
             "kl_estimate",
             "kl_loss",

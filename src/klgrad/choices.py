@@ -20,6 +20,18 @@ HeadName = Literal[
     "js_as_loss",
 ]
 """The built-in heads' names, in registry (and docs table) order."""
+IMPORT_PATH = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
+"""``package.module:name`` (``name`` may be a dotted attribute path): a user's head, as rewards take theirs."""
+
+
+class OrImportPath:
+    """``Annotated[SomeLiteral, OrImportPath()]``: a choice that also takes a ``package.module:name`` of the
+    user's (``kl.head``); the config checks the form, the implementing module imports it."""
+
+    def __repr__(self) -> str:
+        return "OrImportPath()"
+
+
 Level = Literal["sequence", "token_to_go", "token"]
 LEVELS: tuple[str, ...] = get_args(Level)
 RatioLevel = Literal["token", "sequence"]

@@ -207,7 +207,7 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     from klgrad.runlock import RunLockedError
 
     methods = tuple(args.methods.split(",")) if args.methods else METHODS
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in methods if m not in METHODS and ":" not in m]
     why = None
     if (
         bad

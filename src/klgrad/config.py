@@ -20,11 +20,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 
 from klgrad.choices import (
+    IMPORT_PATH,
     LORA_TARGETS,
     Aggregation,
     Engine,
@@ -32,6 +33,7 @@ from klgrad.choices import (
     HeadName,
     Level,
     MismatchLevel,
+    OrImportPath,
     PromptFormat,
     RatioLevel,
     RewardRatioLevel,
@@ -190,8 +192,9 @@ class RewardConfig:
 
 @dataclass
 class KLConfig:
-    head: HeadName = "k2_as_loss"
-    """KL head (see klgrad.KL_HEADS)."""
+    head: Annotated[HeadName, OrImportPath()] = "k2_as_loss"
+    """KL head: a built-in (klgrad.KL_HEADS) or your own as 'package.module:name', a penalty ψ(logp, ref_logp) or a
+    KLHead (the module is imported when training starts)."""
     beta: float = 0.5
     """KL weight β (initial value when adaptive)."""
     level: Level = "sequence"
@@ -426,11 +429,23 @@ def _check(ok: bool, at: str, name: str, msg: str) -> None:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    return typing.get_type_hints(cls, include_extras=True)
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        base, *meta = args
+        if not any(isinstance(m, OrImportPath) for m in meta):
+            return _coerce(value, base, where)
+        if isinstance(value, str) and re.fullmatch(IMPORT_PATH, value):
+            return value
+        try:
+            return _coerce(value, base, where)
+        except ConfigError:
+            raise ConfigError(
+                f"{where} must be one of {list(get_args(base))} or 'package.module:name', got {value!r}"
+            ) from None
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -641,7 +656,11 @@ def config_reference() -> str:
             if dataclasses.is_dataclass(tp):
                 walk(tp, f"{prefix}{f.name}.")
                 continue
-            tname = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
+            suffix = ""
+            if get_origin(tp) is Annotated:  # Annotated[Literal[...], OrImportPath()]: the choices or an import path
+                tp, *meta = get_args(tp)
+                suffix = " | 'package.module:name'" if any(isinstance(m, OrImportPath) for m in meta) else ""
+            tname = (tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")) + suffix
             tname = tname.replace("klgrad.config.", "").replace("__main__.", "").replace("|", "\\|")
             default = getattr(default_obj, f.name)
             default = to_dict(default) if isinstance(default, list) else default

@@ -64,7 +64,8 @@ class ObjectiveSpec:
     A run builds it from its config with :meth:`from_config`."""
 
     kl_head: str = "none"
-    """Name of the KL head (see :data:`klgrad.kl.KL_HEADS`)."""
+    """The KL head: a name in :data:`klgrad.kl.KL_HEADS`, a registered head or ``package.module:name``
+    (:func:`klgrad.kl.get_kl_head`)."""
     beta: float = 0.0
     """KL weight β (≥ 0)."""
     kl_level: Level = "sequence"
@@ -95,8 +96,12 @@ class ObjectiveSpec:
     """Cap of importance log-ratios in value (overflow guard; gradients pass unchanged)."""
 
     def __post_init__(self) -> None:
+        if self.kl_head not in KL_HEADS:
+            try:
+                get_kl_head(self.kl_head)  # a registered head, or a module:name imported now
+            except ValueError as e:
+                raise ValueError(f"kl_head: {e}") from None
         checks = [
-            (self.kl_head in KL_HEADS, "kl_head", f"must be one of {sorted(KL_HEADS)}"),
             (self.beta >= 0, "beta", "must be >= 0"),
             (self.form in FORMS, "form", f"must be one of {FORMS}"),
             (self.kl_level in LEVELS, "kl_level", f"must be one of {LEVELS}"),

@@ -100,7 +100,13 @@ def method_overrides(method: str, level: str, beta: float) -> dict:
         }
     if method in ("k1_as_loss", "k2_as_loss", "k3_as_loss"):
         return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    if ":" in method:  # a user's head, package.module:name: in the reward when its style says so, else a loss
+        from klgrad.kl import get_kl_head
+
+        if get_kl_head(method).style == "in_reward":
+            return {**method_overrides("k1_in_reward", level, beta), "kl.head": method}
+        return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS} or a head's 'package.module:name'")
 
 
 @torch.no_grad()

@@ -81,7 +81,8 @@ class KLGradTRLConfig:
     """The KL term :class:`KLGradGRPOTrainer` uses in place of TRL's. β is TRL's ``args.beta``."""
 
     head: str | KLHead = "k2_as_loss"
-    """KL head: a name in klgrad.KL_HEADS or a KLHead (e.g. from klgrad.custom_kl_head)."""
+    """KL head: a name in klgrad.KL_HEADS, a registered head, 'package.module:name' (a penalty ψ(logp, ref_logp) or
+    a KLHead of yours), or a KLHead (e.g. from klgrad.custom_kl_head)."""
     level: Level = "sequence"
     """Where the head acts: sequence | token_to_go | token (token: decoupled only)."""
     form: Form = "decoupled"
@@ -100,9 +101,12 @@ class KLGradTRLConfig:
     """Combined form: upper clip of the shaping's normalising stds (klgrad's algo.std_max; None: no clip)."""
 
     def __post_init__(self) -> None:
-        head_ok = isinstance(self.head, KLHead) or self.head in KL_HEADS
+        try:
+            head_ok = isinstance(self.head, KLHead) or get_kl_head(self.head) is not None
+        except ValueError:
+            head_ok = False
         checks = [
-            (head_ok, "head", f"must be a KLHead or one of {sorted(KL_HEADS)}"),
+            (head_ok, "head", f"must be a KLHead, one of {sorted(KL_HEADS)}, registered, or 'module:name'"),
             (self.level in LEVELS, "level", f"must be one of {LEVELS}"),
             (self.form in FORMS, "form", f"must be one of {FORMS}"),
             (self.clip_eps is None or 0 < self.clip_eps < 1, "clip_eps", "must be in (0, 1) or None"),

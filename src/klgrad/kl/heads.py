@@ -8,7 +8,9 @@ targets and levels are explained in :mod:`klgrad.kl`.
 
 from __future__ import annotations
 
+import importlib
 import math
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from klgrad.choices import IMPORT_PATH
 from klgrad.kl.numerics import EXP_CAP, at_least_f32, exp_linear_tail, expm1_linear_tail
 
 HeadStyle = Literal["in_reward", "as_loss", "none"]
@@ -360,13 +363,78 @@ KL_HEADS: dict[str, KLHead] = {h.name: h for h in _BUILT_IN_HEADS}
 _warned_k1_as_loss = False
 
 
+HEAD_SPEC = re.compile(IMPORT_PATH)
+"""A user's head by import path: ``package.module:name`` (``name`` may be a dotted attribute path)."""
+
+_REGISTERED: dict[str, KLHead] = {}
+"""Heads added by :func:`register_kl_head` or loaded from a ``module:name`` spec, by name."""
+
+
+def register_kl_head(head: KLHead, *, replace: bool = False) -> KLHead:
+    """Make ``head`` available by ``head.name`` to :func:`get_kl_head` (and so to ``kl.head`` in a config, the
+    TRL and verl integrations and ``klgrad compare``) for this process: how a library ships its own heads.
+
+    Raises:
+        ValueError: the name is a built-in head's, or already registered and ``replace`` is False.
+    """
+    if not isinstance(head, KLHead):
+        raise TypeError(f"register_kl_head takes a KLHead, got {type(head).__name__}")
+    if head.name in KL_HEADS:
+        raise ValueError(f"{head.name!r} is a built-in KL head; register yours under another name")
+    if head.name in _REGISTERED and not replace and _REGISTERED[head.name] is not head:
+        raise ValueError(f"a KL head named {head.name!r} is already registered (replace=True to overwrite)")
+    _REGISTERED[head.name] = head
+    return head
+
+
+def load_kl_head(spec: str) -> KLHead:
+    """The head at ``package.module:name``, imported with importlib (never ``eval``): a :class:`KLHead` as it is,
+    or a penalty ψ(logp, ref_logp) (what ``klgrad audit --penalty`` takes) made a head by
+    :func:`custom_kl_head`, named ``spec``. Loaded once per process and registered under ``spec``.
+
+    Raises:
+        ValueError: naming ``spec`` when it is malformed, its module cannot be imported, the attribute is
+            missing, or it is neither a KLHead nor callable.
+    """
+    if spec in _REGISTERED:
+        return _REGISTERED[spec]
+    if not HEAD_SPEC.fullmatch(spec):
+        raise ValueError(f"KL head {spec!r}: expected a built-in name {list(KL_HEADS)} or 'package.module:name'")
+    module_name, attr_path = spec.split(":")
+    try:
+        obj: object = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or whatever the module raised while importing
+        raise ValueError(f"KL head {spec!r}: cannot import {module_name!r}: {e}") from e
+    for part in attr_path.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"KL head {spec!r}: {module_name!r} has no attribute {attr_path!r}") from None
+    if isinstance(obj, KLHead):
+        head = obj
+    elif callable(obj):
+        head = custom_kl_head(obj, name=spec)
+    else:
+        raise ValueError(f"KL head {spec!r}: a {type(obj).__name__} is neither a KLHead nor a penalty function")
+    _REGISTERED[spec] = head
+    return head
+
+
 def get_kl_head(name: str | KLHead) -> KLHead:
-    """Look up a head by name (or pass a head through). ``k1_as_loss`` warns once per process."""
+    """Look up a head: a :class:`KLHead` passes through; a built-in name (:data:`KL_HEADS`), a name given to
+    :func:`register_kl_head`, or ``package.module:name`` (:func:`load_kl_head`). ``k1_as_loss`` warns once per
+    process."""
     global _warned_k1_as_loss
     if isinstance(name, KLHead):
         return name
+    if name in _REGISTERED:
+        return _REGISTERED[name]
     if name not in KL_HEADS:
-        raise ValueError(f"unknown KL head {name!r}; choose one of {sorted(KL_HEADS)}")
+        if isinstance(name, str) and ":" in name:
+            return load_kl_head(name)
+        raise ValueError(
+            f"unknown KL head {name!r}; choose one of {sorted(KL_HEADS)}, a registered head, or 'package.module:name'"
+        )
     if name == "k1_as_loss" and not _warned_k1_as_loss:
         _warned_k1_as_loss = True
         warnings.warn(

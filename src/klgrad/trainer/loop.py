@@ -53,7 +53,15 @@ from klgrad.trainer.record import (
     summarize,
 )
 from klgrad.trainer.record import require_wandb as _require_wandb
-from klgrad.trainer.setup import Run, load_data, reference_path, resolve_device, reward_specs, setup_run
+from klgrad.trainer.setup import (
+    Run,
+    kl_head,
+    load_data,
+    reference_path,
+    resolve_device,
+    reward_specs,
+    setup_run,
+)
 from klgrad.trainer.update import Batch, UpdateStats, objective_spec, update
 
 
@@ -80,6 +88,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     if cfg.train.wandb:
         _require_wandb()
     specs = reward_specs(cfg)
+    kl_head(cfg)  # a user's module:name head is imported here, before anything is written
     model_dir = reference_path(cfg)
     device = resolve_device(cfg.model.device, dist.world)
     with hold_run_dir(Path(cfg.train.out_dir), dist):

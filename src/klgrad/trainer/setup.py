@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
-from klgrad.config import Config
+from klgrad.config import Config, ConfigError
 from klgrad.data.example import Example
 from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
 from klgrad.distributed import Dist, this_process_placement
+from klgrad.kl import KLHead, get_kl_head
 from klgrad.models import disable_dropout, load_model_and_tokenizer
 from klgrad.models.lora import apply_lora, base_view, trainable_parameters
 from klgrad.models.sources import resolve_model
@@ -61,6 +62,15 @@ def load_data(cfg: Config) -> tuple[list[Example], list[Example]]:
         return examples[n_eval:] or examples, examples[:n_eval]
     train, heldout = make_splits(cfg.data.task, cfg.data.n_train, cfg.data.n_eval, cfg.data.seed, cfg.data.digits)
     return train, heldout
+
+
+def kl_head(cfg: Config) -> KLHead:
+    """``kl.head``: a built-in, a registered head or a user's ``module:name``, imported now (before anything is
+    written). Raises :class:`ConfigError` naming ``kl.head`` when it cannot be loaded."""
+    try:
+        return get_kl_head(cfg.kl.head)
+    except ValueError as e:
+        raise ConfigError(f"kl.head: {e}") from None
 
 
 def reward_specs(cfg: Config) -> list[RewardSpec]:
