@@ -19,7 +19,6 @@ The same problem also audits every framework's KL as that framework computes it 
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -39,6 +38,7 @@ from klgrad.audit.tabular import (
 )
 from klgrad.choices import LEVELS
 from klgrad.fmt import fmt_num
+from klgrad.import_path import import_object
 from klgrad.kl import KL_HEADS, KLHead, custom_kl_head, kl_loss_per_sequence, masked_sum
 from klgrad.objective import combined_advantages, policy_gradient_loss
 from klgrad.plotting import pyplot, save
@@ -106,13 +106,7 @@ def make_problem(cfg: AuditConfig, ref_distance: float | None = None) -> AuditPr
 
 def load_penalty(spec: str) -> Callable[[Tensor, Tensor], Tensor]:
     """Import ``module:function`` (no eval); the function is ψ(logp, ref_logp) -> elementwise tensor."""
-    if ":" not in spec:
-        raise ValueError(f"--penalty must be 'module:function', got {spec!r}")
-    mod_name, fn_name = spec.split(":", 1)
-    try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"--penalty {spec!r}: cannot import ({e})") from e
+    fn = import_object(spec, "--penalty")
     if not callable(fn):
         raise ValueError(f"--penalty {spec!r} is not callable")
     return fn

@@ -8,7 +8,6 @@ targets and levels are explained in :mod:`klgrad.kl`.
 
 from __future__ import annotations
 
-import importlib
 import math
 import re
 import warnings
@@ -21,6 +20,7 @@ import torch
 from torch import Tensor
 
 from klgrad.choices import IMPORT_PATH
+from klgrad.import_path import import_object
 from klgrad.kl.numerics import EXP_CAP, at_least_f32, exp_linear_tail, expm1_linear_tail
 
 HeadStyle = Literal["in_reward", "as_loss", "none"]
@@ -400,16 +400,7 @@ def load_kl_head(spec: str) -> KLHead:
         return _REGISTERED[spec]
     if not HEAD_SPEC.fullmatch(spec):
         raise ValueError(f"KL head {spec!r}: expected a built-in name {list(KL_HEADS)} or 'package.module:name'")
-    module_name, attr_path = spec.split(":")
-    try:
-        obj: object = importlib.import_module(module_name)
-    except Exception as e:  # ImportError, or whatever the module raised while importing
-        raise ValueError(f"KL head {spec!r}: cannot import {module_name!r}: {e}") from e
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"KL head {spec!r}: {module_name!r} has no attribute {attr_path!r}") from None
+    obj = import_object(spec, "KL head")
     if isinstance(obj, KLHead):
         head = obj
     elif callable(obj):

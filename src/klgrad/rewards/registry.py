@@ -18,7 +18,6 @@ outside the main thread: use :func:`klgrad.rewards.math_verify_reward`, which bo
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import math
@@ -29,7 +28,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from klgrad.choices import IMPORT_PATH
 from klgrad.data.tasks import final_number
+from klgrad.import_path import import_object
 from klgrad.rewards.accuracy import math_verify_reward
 from klgrad.rewards.format import FORMAT_PATTERNS, regex_format_reward
 
@@ -91,9 +92,6 @@ def accuracy_reward_name(names: Iterable[str]) -> str | None:
     return next((n for n in ACCURACY_REWARDS if n in present), None)
 
 
-_SPEC_RE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
-
-
 def load_reward_fn(spec: str) -> RewardFn:
     """A built-in name (``"accuracy"``, ``"final_number"``, ``"format"``) or ``"package.module:function"``,
     imported with importlib (never ``eval``); ``function`` may be a dotted attribute path.
@@ -106,21 +104,11 @@ def load_reward_fn(spec: str) -> RewardFn:
         raise ValueError(f"reward spec {spec!r}: expected a string, got {type(spec).__name__}")
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
-    if not _SPEC_RE.fullmatch(spec):
+    if not re.fullmatch(IMPORT_PATH, spec):
         raise ValueError(
             f"reward spec {spec!r}: expected a built-in name {sorted(BUILTIN_REWARDS)} or 'package.module:function'"
         )
-    module_name, attr_path = spec.split(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as e:  # ImportError, or whatever the module raised while importing
-        raise ValueError(f"reward spec {spec!r}: cannot import {module_name!r}: {e}") from e
-    for part in attr_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            msg = f"reward spec {spec!r}: {module_name!r} has no attribute {attr_path!r}"
-            raise ValueError(msg) from None
+    obj: Any = import_object(spec, "reward spec")
     if not callable(obj):
         raise ValueError(f"reward spec {spec!r}: {type(obj).__name__} object is not callable")
     try:
