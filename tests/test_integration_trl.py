@@ -265,6 +265,22 @@ def test_trainer_rejects_settings_it_cannot_honour(setup: dict, dataset: Dataset
         make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, beta=0.0)
 
 
+def test_trl_parser_reads_the_klgrad_config_from_yaml_and_flags(tmp_path: Path) -> None:
+    """TRL's own TrlParser builds KLGradTRLConfig beside GRPOConfig from a recipe YAML and command-line flags (a
+    field typed ``str | KLHead`` made argparse call KLHead('k3_as_loss') and fail)."""
+    from trl import TrlParser
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"output_dir: {tmp_path / 'out'}\nuse_cpu: true\nbf16: false\nhead: k3_as_loss\nlevel: token\nclip_eps: 0.1\n"
+    )
+    parser = TrlParser(dataclass_types=[GRPOConfig, KLGradTRLConfig])
+    _, cfg = parser.parse_args_and_config(["--config", str(recipe), "--head", "k1_in_reward", "--form", "combined",
+                                           "--level", "token_to_go"])  # fmt: skip
+    assert cfg == KLGradTRLConfig("k1_in_reward", "token_to_go", "combined", clip_eps=0.1)
+    assert cfg.kl_head.name == "k1_in_reward"
+
+
 def test_aggregate_like_trl_hand_values() -> None:
     # totals S = [2, 6], token counts n = [1, 3], B = 2, L = 4, N = 8 tokens, G = 2 accumulation steps, S_gen = 1
     totals = torch.tensor([2.0, 6.0], dtype=torch.float64)

@@ -80,9 +80,10 @@ _SHAPING_FROM_SCALE_REWARDS: dict[str, str] = {"group": "grpo", "none": "dr_grpo
 class KLGradTRLConfig:
     """The KL term :class:`KLGradGRPOTrainer` uses in place of TRL's. β is TRL's ``args.beta``."""
 
-    head: str | KLHead = "k2_as_loss"
-    """KL head: a name in klgrad.KL_HEADS, a registered head, 'package.module:name' (a penalty ψ(logp, ref_logp) or
-    a KLHead of yours), or a KLHead (e.g. from klgrad.custom_kl_head)."""
+    head: str = "k2_as_loss"
+    """KL head: a name in klgrad.KL_HEADS, a registered head, or 'package.module:name' (a penalty ψ(logp, ref_logp)
+    or a KLHead of yours). From Python a KLHead object works too (e.g. from klgrad.custom_kl_head); the field is
+    typed ``str`` so that TRL's own ``TrlParser`` reads it from YAML and the command line."""
     level: Level = "sequence"
     """Where the head acts: sequence | token_to_go | token (token: decoupled only)."""
     form: Form = "decoupled"
