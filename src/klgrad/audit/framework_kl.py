@@ -111,8 +111,8 @@ class FrameworkKL:
     style: Literal["loss", "reward"]
     token_kl: TokenKL
     versions: str
-    """PEP 440 specifier of the releases this rule holds for (``>=0.14,<1.10``), or ``main@YYYY-MM-DD`` for a
-    project without releases (the rule of its main branch on that date)."""
+    """PEP 440 specifier of the releases this rule holds for (``>=0.14,<1.10``), or, for code without releases,
+    ``main@YYYY-MM-DD`` (its main branch on that date) or the report it is from; those hold for any version."""
     source: str
     """``owner/repo@commit (date) path``: what was read, and the lines that decide the rule."""
     aggregation: FrameworkAggregation
