@@ -80,12 +80,15 @@ def straight_through(value: Tensor, gradient: Tensor) -> Tensor:
 
 
 def token_ratio(l: Tensor, o: Tensor) -> Tensor:
-    """ρ_t = e^{l_t − o_t}, (N, T), differentiable through l, unclipped."""
+    """ρ_t = e^{l_t − o_t}, (N, T), differentiable through l, unclipped and uncapped as the frameworks compute it
+    (klgrad's own :func:`klgrad.kl.importance_ratio` caps the log-ratio in value)."""
     return torch.exp(l - o)
 
 
 def sequence_mean_ratio(l: Tensor, o: Tensor, mask: Tensor) -> Tensor:
-    """GSPO's ratio e^{(1/|y|) Σ_t m_t (l_t − o_t)} broadcast to every token, (N, T); differentiable through l."""
+    """GSPO's ratio e^{(1/|y|) Σ_t m_t (l_t − o_t)} broadcast to every token, (N, T), as TRL multiplies k3 by it:
+    differentiable through the mean, so each token's term reaches every token of its response (klgrad's
+    :func:`klgrad.kl.gspo_ratio` is the GSPO-token form, gradient s·∇l_t per token, and capped)."""
     length = mask.sum(-1, keepdim=True).clamp(min=1)  # (N, 1)
     mean = (torch.where(mask, l - o, 0.0).sum(-1, keepdim=True) / length).expand_as(l)  # (N, T)
     return torch.exp(mean)

@@ -131,6 +131,7 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
             prob, ref_lp, g_rkl, g_fkl, table = context(preset.reference_is_behaviour, audited)
             scale = float(g_rkl.norm())
             loss = preset.loss(ref_lp, prob.space.mask, audited)
+            clamps = frozen_range(preset, "gradient"), frozen_range(preset, "value")  # of the per-token rule alone
             for regime in preset.regimes:
                 sampler = prob.theta if regime == "on_policy" else prob.behaviour
                 g, _ = expected_gradient(prob.space, loss, prob.theta, sampler)
@@ -147,8 +148,8 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
                         err_rkl=_rel(g, g_rkl, scale),
                         err_fkl=_rel(g, g_fkl, scale),
                         equals=nearest_head(g, table, scale),
-                        zero_gradient=frozen_range(preset, "gradient"),
-                        clamped=frozen_range(preset, "value"),
+                        zero_gradient=clamps[0],
+                        clamped=clamps[1],
                         reference="behaviour (π_old)" if preset.reference_is_behaviour else "π_ref",
                         versions=preset.versions,
                         default=preset.default,
@@ -269,7 +270,8 @@ def defaults_summary(framework: str) -> list[str]:
 # presentation
 
 
-def _fmt(x: float) -> str:
+def fmt_error(x: float) -> str:
+    """A relative error for the tables: 3 digits, scientific below 1e-2, "<1e-12" for float64 round-off."""
     from klgrad.fmt import fmt_num
 
     return fmt_num(x, 3, sci_digits=1, sci_below=1e-2, tiny=1e-12, tiny_text="<1e-12", zero="0")
@@ -320,8 +322,8 @@ def print_framework_table(rows: list[dict], console=None, version: str | None = 
                 r["versions"],
                 r["aggregation"],
                 r["regime"].replace("_", "-"),
-                _fmt(r["err_rkl"]),
-                _fmt(r["err_fkl"]),
+                fmt_error(r["err_rkl"]),
+                fmt_error(r["err_fkl"]),
                 r["equals"],
                 clamp_text(r),
             )

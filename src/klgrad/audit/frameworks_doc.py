@@ -8,11 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from klgrad.audit.framework_kl import AGGREGATIONS
-from klgrad.audit.frameworks import clamp_text, framework_rows, is_default
+from klgrad.audit.frameworks import clamp_text, fmt_error, framework_rows, is_default
 from klgrad.audit.presets import PRESETS
 from klgrad.audit.run import AuditConfig, make_problem
 from klgrad.choices import FRAMEWORKS
-from klgrad.fmt import fmt_num
 
 INTRO = """# What your framework's KL differentiates to
 
@@ -255,10 +254,6 @@ REMEDIES: tuple[Remedy, ...] = (
 )
 
 
-def _fmt(x: float) -> str:
-    return fmt_num(x, 3, sci_digits=1, sci_below=1e-2, tiny=1e-12, tiny_text="<1e-12", zero="0")
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -292,24 +287,27 @@ def findings(rows: list[dict]) -> str:
         if row is None:
             audited, err = "", ""
         elif remedy.claim == "exact_fkl":
-            audited, err = f"`{remedy.preset}` ({remedy.aggregation})", f"{_fmt(row['err_fkl'])} vs ∇FKL, off-policy"
+            audited, err = (
+                f"`{remedy.preset}` ({remedy.aggregation})",
+                f"{fmt_error(row['err_fkl'])} vs ∇FKL, off-policy",
+            )
         else:
-            audited, err = f"`{remedy.preset}` ({remedy.aggregation})", _fmt(row["err_rkl"])
+            audited, err = f"`{remedy.preset}` ({remedy.aggregation})", fmt_error(row["err_rkl"])
         lines.append(f"| {remedy.framework} | {_cell(remedy.flags)} | {audited} | {err} |")
     return FINDINGS.format(
-        k3_on=_fmt(get("trl/grpo-k3")["err_rkl"]),
+        k3_on=fmt_error(get("trl/grpo-k3")["err_rkl"]),
         k3_clamp=get("verl/kl-loss-low-var-kl")["zero_gradient"],
-        k2_on=_fmt(get("verl/kl-loss-mse")["err_rkl"]),
+        k2_on=fmt_error(get("verl/kl-loss-mse")["err_rkl"]),
         gspo_on=_cell(get("trl/grpo-k3-bias-correction-gspo")["equals"]),
-        slime_k1=_fmt(get("slime/kl-loss-k1")["err_rkl"]) + " relative error vs the length-weighted reverse KL",
-        reward_on=_fmt(get("openrlhf/k1-reward")["err_rkl"]),
-        reward_off=_fmt(get("openrlhf/k1-reward", "off_policy")["err_rkl"]),
-        reward_seq=_fmt(get("ms-swift/kl-in-reward")["err_rkl"]) + " vs the length-weighted reverse KL",
+        slime_k1=fmt_error(get("slime/kl-loss-k1")["err_rkl"]) + " relative error vs the length-weighted reverse KL",
+        reward_on=fmt_error(get("openrlhf/k1-reward")["err_rkl"]),
+        reward_off=fmt_error(get("openrlhf/k1-reward", "off_policy")["err_rkl"]),
+        reward_seq=fmt_error(get("ms-swift/kl-in-reward")["err_rkl"]) + " vs the length-weighted reverse KL",
         tinker_on=_cell(get("tinker/kl-advantage")["equals"]),
-        nemo_rpp=_fmt(get("nemo-rl/reinforce-pp-kl-in-reward")["err_rkl"]),
-        ppo_k1=_fmt(get("trl/ppo-k1-reward")["err_rkl"]),
-        rpg_fkl=_fmt(get("rpg/fkl-iterative", "off_policy")["err_fkl"]),
-        rpg_rf=_fmt(get("rpg/rf-fkl-reward", "off_policy")["err_rkl"]),
+        nemo_rpp=fmt_error(get("nemo-rl/reinforce-pp-kl-in-reward")["err_rkl"]),
+        ppo_k1=fmt_error(get("trl/ppo-k1-reward")["err_rkl"]),
+        rpg_fkl=fmt_error(get("rpg/fkl-iterative", "off_policy")["err_fkl"]),
+        rpg_rf=fmt_error(get("rpg/rf-fkl-reward", "off_policy")["err_rkl"]),
         remedies="\n".join(lines),
     )
 
@@ -345,7 +343,7 @@ def frameworks_markdown() -> str:
             star = "★ " if is_default(by_id[r["id"]], None) else ""
             lines.append(
                 f"| {star}`{r['id']}` | {_cell(r['variant'])} | {_cell(r['versions'])} | {r['aggregation']} | "
-                f"{r['regime'].replace('_', '-')} | {_fmt(r['err_rkl'])} | {_fmt(r['err_fkl'])} | "
+                f"{r['regime'].replace('_', '-')} | {fmt_error(r['err_rkl'])} | {fmt_error(r['err_fkl'])} | "
                 f"`{_cell(r['equals'])}` | {clamp_text(r)} |"
             )
     lines.append(findings(rows))
