@@ -12,9 +12,9 @@ from klgrad.config import load_config
 from klgrad.data.example import repeat_columns
 from klgrad.data.tasks import CHAT_TASKS, extract_answer, final_number, is_heldout, make_splits, sft_target
 from klgrad.models import load_model_and_tokenizer
+from klgrad.models.sources import EMBEDDED_DIR
 from klgrad.rewards import accuracy_reward_name, final_number_reward, load_reward_fn
 from klgrad.rollout.encoding import encode_prompts, uses_chat
-from klgrad.trainer.setup import EMBEDDED_DIR
 
 TEMPLATE = "<bos>{% for m in messages %}Q:{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A:{% endif %}"
 

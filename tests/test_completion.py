@@ -32,7 +32,7 @@ def _bash_complete(script: str, words: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def bash_script() -> str:
-    return completion_script("bash")
+    return completion_script("bash", build_parser())
 
 
 def _leaf_flags() -> list[str]:
@@ -54,7 +54,7 @@ def _leaf_flags() -> list[str]:
 def test_cli_prints_each_script(capsys):
     for shell in ("bash", "zsh", "fish"):
         assert main(["completion", shell]) == 0
-        assert capsys.readouterr().out == completion_script(shell)
+        assert capsys.readouterr().out == completion_script(shell, build_parser())
 
 
 def test_bash_script_is_valid_syntax(bash_script, tmp_path):
@@ -116,7 +116,7 @@ def test_spec_reads_the_parser():
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
 def test_fish_completes(tmp_path):
     path = tmp_path / "klgrad.fish"
-    path.write_text(completion_script("fish"))
+    path.write_text(completion_script("fish", build_parser()))
     subprocess.run(["fish", "-n", str(path)], check=True)
 
     def complete(line: str) -> list[str]:
@@ -132,7 +132,7 @@ def test_fish_completes(tmp_path):
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
 def test_zsh_script_is_valid_syntax(tmp_path):
     path = tmp_path / "_klgrad"
-    path.write_text(completion_script("zsh"))
+    path.write_text(completion_script("zsh", build_parser()))
     subprocess.run(["zsh", "-n", str(path)], check=True)
     subprocess.run(["zsh", "-f", "-c", f"autoload -U compinit && compinit -u && source {path}"], check=True)
 

@@ -21,10 +21,10 @@ from klgrad.eval.benchmarks import encode_eval_prompts, load_benchmarks
 from klgrad.eval.models import EMBEDDED_DEFAULT, load_eval_model, locate_model, split_label
 from klgrad.eval.passk import mean_pass_at_k, pass_at_k
 from klgrad.eval.run import DEFAULT_MAX_NEW_TOKENS, default_max_new_tokens, unique_labels
+from klgrad.machine import vllm_unavailable_reason
 from klgrad.models import load_model_and_tokenizer
-from klgrad.rollout.vllm_engine import vllm_unavailable_reason
+from klgrad.models.sources import EMBEDDED_DIR
 from klgrad.trainer.checkpoints import save_checkpoint
-from klgrad.trainer.setup import EMBEDDED_DIR
 
 # --------------------------------------------------------------------------------------------------------------
 # pass@k

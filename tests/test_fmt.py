@@ -1,4 +1,4 @@
-"""klgrad.fmt.fmt_num: its presets print exactly what the three formatters it replaced printed."""
+"""klgrad.fmt.fmt_num: each table style in fmt.py's docstring matches a plain reference formatter for that style."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ VALUES = [0.0, -0.0, 1e-17, -3e-16, 2.5e-13, 1e-12, 4.2e-9, 9.99e-4, 1e-3, 0.004
           1.0, 3.14159265, 999.4, 1000.0, 9999.4, 1e4, -2.5e5, 1.2e8]  # fmt: skip
 
 
-def old_estimators_fmt(x, nd=4):  # experiments/estimators.py:_fmt before the redesign
+def ref_verdict_fmt(x, nd=4):  # default style: k3-gaussian / k3-uniform-bias verdicts
     if isinstance(x, str):
         return {"inf": "∞", "-inf": "-∞"}.get(x, x)
     if not math.isfinite(x):
@@ -22,13 +22,13 @@ def old_estimators_fmt(x, nd=4):  # experiments/estimators.py:_fmt before the re
     return f"{x:.{nd}f}"
 
 
-def old_fixed_points_num(x):  # experiments/fixed_points.py:_num before the redesign
+def ref_fixed_points_fmt(x):  # fixed-points distances at float64 round-off
     if abs(x) < 1e-15:
         return "< 1e-15"
     return f"{x:.1e}" if abs(x) < 1e-3 else f"{x:.4f}"
 
 
-def old_audit_fmt(x):  # audit/run.py:_fmt before the redesign
+def ref_audit_fmt(x):  # relative errors of the gradient audit
     if x is None:
         return "—"
     if x == 0 or (abs(x) < 1e-12):
@@ -37,12 +37,12 @@ def old_audit_fmt(x):  # audit/run.py:_fmt before the redesign
 
 
 @pytest.mark.parametrize("x", VALUES)
-def test_presets_reproduce_the_former_formatters(x):
-    assert fmt_num(x) == old_estimators_fmt(x)
-    assert fmt_num(x, 2) == old_estimators_fmt(x, 2)
-    assert fmt_num(x, 4, sci_digits=1, sci_from=math.inf, tiny=1e-15, tiny_text="< 1e-15") == old_fixed_points_num(x)
+def test_styles_match_their_reference_formatters(x):
+    assert fmt_num(x) == ref_verdict_fmt(x)
+    assert fmt_num(x, 2) == ref_verdict_fmt(x, 2)
+    assert fmt_num(x, 4, sci_digits=1, sci_from=math.inf, tiny=1e-15, tiny_text="< 1e-15") == ref_fixed_points_fmt(x)
     audit = fmt_num(x, 3, sci_digits=2, sci_below=1e-2, sci_from=1e3, tiny=1e-12, tiny_text="<1e-12", zero="0")
-    assert audit == old_audit_fmt(x)
+    assert audit == ref_audit_fmt(x)
     assert fmt_num(x, 3, significant=True) == f"{x:.3g}"
 
 
@@ -64,4 +64,4 @@ def test_non_finite_and_missing():
     assert fmt_num("n/a") == "n/a"
     assert fmt_num(None) == "—"
     assert fmt_num(None, missing="") == ""
-    assert old_audit_fmt(None) == fmt_num(None)
+    assert ref_audit_fmt(None) == fmt_num(None)

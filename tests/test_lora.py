@@ -23,11 +23,11 @@ from klgrad.models.lora import (
     adapter_parameters,
     apply_lora,
     load_adapter,
-    load_lora_policy,
     save_adapter,
 )
 from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
+from klgrad.trainer.checkpoints import load_lora_policy
 from klgrad.trainer.setup import load_policy_and_reference, make_optimizer
 from tiny_llama import BOS, EOS, PAD, llama, qwen2
 from tolerances import llama_depth, logprob_tol, max_abs_logit, network_tol
@@ -57,9 +57,9 @@ def test_config_refuses_bad_lora_settings_naming_the_field(over, field):
 
 
 def test_config_refuses_lora_with_vllm_and_without_peft(monkeypatch):
-    import klgrad.rollout.vllm_engine as vllm_engine
+    import klgrad.machine
 
-    monkeypatch.setattr(vllm_engine, "vllm_unavailable_reason", lambda: None)  # as on a GPU machine with vLLM
+    monkeypatch.setattr(klgrad.machine, "vllm_unavailable_reason", lambda: None)  # as on a GPU machine with vLLM
     load_config(CONFIG, {"rollout.engine": "vllm"})  # full fine-tuning with vLLM passes ...
     with pytest.raises(ConfigError, match=r"^rollout\.engine 'vllm' cannot run with model\.lora_rank = 4"):
         load_config(CONFIG, {"rollout.engine": "vllm", "model.lora_rank": 4})  # ... a LoRA run does not

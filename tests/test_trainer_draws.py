@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from klgrad.rollout.samplers import Rollout
+from klgrad.rollout.batch import Rollout
 from klgrad.trainer import draw_prompts, pad_responses, prompt_indices, prompt_seed, rollout_uniforms, step_generator
 
 

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from klgrad.config import ConfigError, load_config
+from klgrad.machine import vllm_requirements_error, vllm_unavailable_reason
 from klgrad.objective import ObjectiveSpec, decoupled_advantages, policy_objective
 from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.rollout.samplers import make_sampler
-from klgrad.rollout.vllm_engine import _requirements_error, vllm_unavailable_reason
 
 F64 = torch.float64
 TIGHT = {"rtol": 1e-12, "atol": 1e-12}
@@ -118,10 +118,6 @@ def test_objective_weights_scale_only_the_reward_head():
     w = policy_objective(logp, ref, mask, adv, spec, mismatch_weights=torch.full_like(ref, 3.0))
     torch.testing.assert_close(w.policy_loss, 3 * base.policy_loss, **TIGHT)
     torch.testing.assert_close(w.kl_loss, base.kl_loss, **TIGHT)
-    alias = policy_objective(logp, ref, mask, adv, spec, behaviour_weights=torch.full_like(ref, 3.0))
-    assert torch.equal(alias.loss, w.loss)  # the former name of mismatch_weights
-    with pytest.raises(ValueError, match="not both"):
-        policy_objective(logp, ref, mask, adv, spec, mismatch_weights=ref, behaviour_weights=ref)
     pg_only = ObjectiveSpec(kl_head="none")
     (g1,) = torch.autograd.grad(policy_objective(logp, ref, mask, adv, pg_only).loss, logp)
     weights = torch.full_like(ref, 3.0)
@@ -149,10 +145,10 @@ def test_objective_rejects_misshaped_weights():
 
 
 def test_requirement_messages():
-    assert "pip install 'klgrad[vllm]'" in _requirements_error(False, False)
-    assert "pip install 'klgrad[vllm]'" in _requirements_error(False, True)
-    assert "needs a CUDA GPU" in _requirements_error(True, False)
-    assert _requirements_error(True, True) is None
+    assert "pip install 'klgrad[vllm]'" in vllm_requirements_error(False, False)
+    assert "pip install 'klgrad[vllm]'" in vllm_requirements_error(False, True)
+    assert "needs a CUDA GPU" in vllm_requirements_error(True, False)
+    assert vllm_requirements_error(True, True) is None
 
 
 needs_no_vllm = pytest.mark.skipif(vllm_unavailable_reason() is None, reason="vLLM and a GPU are present here")
@@ -185,12 +181,11 @@ def test_config_mismatch_fields():
 
 
 def test_other_engines_refuse_vllm_options():
-    with pytest.raises(ValueError, match=r"takes only \['fast', 'fast_forward'\]"):
+    with pytest.raises(ValueError, match=r"takes only \['fast_forward'\]"):
         make_sampler("klgrad", 1, 0, model_path="x")
     with pytest.raises(ValueError, match=r"takes only \[\]"):
-        make_sampler("hf", 1, 0, fast=True)
+        make_sampler("hf", 1, 0, fast_forward=True)
     assert not make_sampler("klgrad", 1, 0, fast_forward=False).fast_forward
-    assert not make_sampler("klgrad", 1, 0, fast=False).fast_forward  # the former name
 
 
 def test_weight_change_detector_sees_optimizer_steps_and_loads():

@@ -201,12 +201,8 @@ def _fish_script(spec: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def completion_script(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
-    """The completion script for ``shell`` (bash, zsh or fish), generated from ``parser`` (default: klgrad's own,
-    :func:`klgrad.cli.build_parser`)."""
-    if parser is None:
-        from klgrad.cli import build_parser  # the commands import this module: import them only when needed
-
-        parser = build_parser()
+def completion_script(shell: str, parser: argparse.ArgumentParser) -> str:
+    """The completion script for ``shell`` (bash, zsh or fish), generated from ``parser`` (klgrad's own is
+    :func:`klgrad.cli.build_parser`, which imports this module)."""
     spec = completion_spec(parser)
     return {"bash": _bash_script, "zsh": _zsh_script, "fish": _fish_script}[shell](spec)

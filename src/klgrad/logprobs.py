@@ -241,7 +241,6 @@ def sequence_logprobs(
     with_entropy: bool = False,
     micro_batch_size: int | None = None,
     fast_forward: bool = True,
-    shared_prompts: bool | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Log-probs (and optionally entropies) of the response tokens under a HF causal LM.
 
@@ -265,7 +264,6 @@ def sequence_logprobs(
     against this function with ``fast_forward=False`` at 1e-5), fewer positions: P·L + N·(T - 1) instead
     of N·(L + T - 1). Used when every response mask is a run of real tokens followed by padding; otherwise,
     for other models, or with ``fast_forward=False``, one transformers forward over every row.
-    ``shared_prompts`` is the former name of ``fast_forward``.
 
     Gradients flow when called with grad enabled (policy); call under ``torch.no_grad()`` for a reference
     model. ``micro_batch_size`` splits the rows into forward passes of that many rows (results identical);
@@ -274,7 +272,6 @@ def sequence_logprobs(
     Returns:
         ``(logp, entropy)``: (B, T_resp) float32 each; ``entropy`` is None unless ``with_entropy``.
     """
-    fast_forward = fast_forward if shared_prompts is None else shared_prompts
     if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"input_ids and attention_mask must both be (B, L), got {tuple(input_ids.shape)} and "

@@ -42,9 +42,12 @@ KL_TARGETS: dict[str, tuple[str, str, str]] = {
 per-sequence token mean can at best reach the length-weighted divergences."""
 
 
-def _rel(a: Tensor, b: Tensor, scale: float) -> float:
-    nb = float(b.norm())
-    return float((a - b).norm()) / max(nb, scale)
+def _rel_error_floored(a: Tensor, b: Tensor, floor: float) -> float:
+    """‖a − b‖ / max(‖b‖, ``floor``): the error of ``a`` relative to ``b``, its denominator never below ``floor``
+    (the callers pass the norm of the aggregation's reverse-divergence gradient, :data:`KL_TARGETS`), so a reference
+    gradient smaller than that, or zero, does not magnify the error.
+    (:mod:`klgrad.audit.run` divides by ‖b‖ itself unless b is exactly zero: ``_rel_error_zero_fallback``.)"""
+    return float((a - b).norm()) / max(float(b.norm()), floor)
 
 
 def audited_aggregation(aggregation: str) -> str:
@@ -87,7 +90,7 @@ def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float
     """``head@level (target)`` of the first entry of ``table`` (klgrad heads in registry then level order, then
     the named targets) whose expected gradient ``g`` equals (relative error < ``exact``), else
     ``≈ key (error)`` of the nearest one."""
-    errors = {key: _rel(g, ref, scale) for key, ref in table.items()}
+    errors = {key: _rel_error_floored(g, ref, scale) for key, ref in table.items()}
     for key, err in errors.items():
         if err < exact:
             if "@" not in key:
@@ -145,8 +148,8 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
                         aggregation=aggregation,
                         framework_default_aggregation=aggregation == preset.aggregation,
                         kl_target=KL_TARGETS[audited][2],
-                        err_rkl=_rel(g, g_rkl, scale),
-                        err_fkl=_rel(g, g_fkl, scale),
+                        err_rkl=_rel_error_floored(g, g_rkl, scale),
+                        err_fkl=_rel_error_floored(g, g_fkl, scale),
                         equals=nearest_head(g, table, scale),
                         zero_gradient=clamps[0],
                         clamped=clamps[1],

@@ -112,9 +112,12 @@ def load_penalty(spec: str) -> Callable[[Tensor, Tensor], Tensor]:
     return fn
 
 
-def _rel(a: Tensor, b: Tensor, scale: float) -> float:
+def _rel_error_zero_fallback(a: Tensor, b: Tensor, scale_if_zero: float) -> float:
+    """‖a − b‖ / ‖b‖, the error of ``a`` relative to ``b``; when b is exactly zero, ‖a‖ / ``scale_if_zero``.
+    A small nonzero b is divided by as it is (:mod:`klgrad.audit.frameworks` floors the denominator instead:
+    ``_rel_error_floored``)."""
     nb = float(b.norm())
-    return float((a - b).norm()) / (nb if nb > 0 else scale)
+    return float((a - b).norm()) / (nb if nb > 0 else scale_if_zero)
 
 
 def _cos(a: Tensor, b: Tensor) -> float:
@@ -163,10 +166,10 @@ def audit_rows(problem: AuditProblem, heads: dict[str, KLHead], clip_eps: float)
                         head=name,
                         level=level,
                         regime=regime,
-                        err_rkl=_rel(g, g_rkl, scale),
+                        err_rkl=_rel_error_zero_fallback(g, g_rkl, scale),
                         cos_rkl=_cos(g, g_rkl),
                         target=target,
-                        err_target=None if g_target is None else _rel(g, g_target, scale),
+                        err_target=None if g_target is None else _rel_error_zero_fallback(g, g_target, scale),
                         variance=var,
                         grad_norm=float(g.norm()),
                     )
@@ -217,9 +220,9 @@ def form_rows(problem: AuditProblem, beta: float) -> list[dict]:
                 dict(
                     head=name,
                     level=level,
-                    err_combined=_rel(g_c, exact, 1.0),
-                    err_decoupled=_rel(g_d, exact, 1.0),
-                    combined_vs_decoupled=_rel(g_c, g_d, 1.0),
+                    err_combined=_rel_error_zero_fallback(g_c, exact, 1.0),
+                    err_decoupled=_rel_error_zero_fallback(g_d, exact, 1.0),
+                    combined_vs_decoupled=_rel_error_zero_fallback(g_c, g_d, 1.0),
                 )
             )
     return rows
@@ -240,7 +243,7 @@ def distance_sweep(cfg: AuditConfig, heads: dict[str, KLHead]) -> dict[str, list
                 problem.theta,
                 problem.theta,
             )
-            out[name].append(_rel(g, g_rkl, float(g_rkl.norm())))
+            out[name].append(_rel_error_zero_fallback(g, g_rkl, float(g_rkl.norm())))
     return out
 
 

@@ -3,7 +3,7 @@
 X is one of:
 
 - ``embedded`` (the default tiny reference, ``tiny_addition``) or the name of another shipped model
-  (``tiny_scratchpad``, ``tiny_addition_discovery``; :data:`klgrad.trainer.setup.EMBEDDED_DIR`);
+  (``tiny_scratchpad``, ``tiny_addition_discovery``; :data:`klgrad.models.sources.EMBEDDED_DIR`);
 - a Hugging Face model folder (``config.json``, safetensors, tokenizer files), a known model name
   (``smollm2-135m-instruct``), a ``.gguf`` file or a Hugging Face id (:func:`klgrad.models.sources.resolve_model`);
 - a klgrad run directory (``config.yaml`` + ``checkpoints/step_N/``): the run's starting model (its config's
@@ -24,9 +24,8 @@ import torch
 
 from klgrad.config import Config, load_config
 from klgrad.models import load_model_and_tokenizer
-from klgrad.models.sources import ModelSourceError, resolve_model
+from klgrad.models.sources import EMBEDDED_DIR, ModelSourceError, reference_path, resolve_model
 from klgrad.trainer.checkpoints import checkpoint_is_valid, latest_checkpoint, load_policy_weights
-from klgrad.trainer.setup import EMBEDDED_DIR, reference_path
 
 EMBEDDED = "embedded"
 """The ``--model`` name of the default shipped reference."""
@@ -51,7 +50,7 @@ class EvalModel:
 
 
 def shipped_models() -> list[str]:
-    """Names of the shipped models (folders of :data:`~klgrad.trainer.setup.EMBEDDED_DIR`)."""
+    """Names of the shipped models (folders of :data:`~klgrad.models.sources.EMBEDDED_DIR`)."""
     return sorted(p.name for p in EMBEDDED_DIR.iterdir() if (p / "config.json").is_file())
 
 
@@ -98,15 +97,15 @@ def run_config(run_dir: Path) -> Config:
 
 def load_checkpoint_policy(run_dir: Path, ckpt: Path, *, device: torch.device, dtype: str) -> tuple[Any, Any, Path]:
     """(model, tokenizer, base model folder) of a run's checkpoint: the run's starting model
-    (:func:`~klgrad.trainer.setup.reference_path` of its config) with the checkpoint's weights over it.
+    (:func:`~klgrad.models.sources.reference_path` of its config) with the checkpoint's weights over it.
 
     A LoRA checkpoint (``adapter.safetensors`` instead of ``policy.safetensors``) loads through
-    :func:`klgrad.models.lora.load_lora_policy`: the base with the adapter merged into its weights.
+    :func:`klgrad.trainer.checkpoints.load_lora_policy`: the base with the adapter merged into its weights.
     """
     cfg = run_config(run_dir)
     base = reference_path(cfg)
     if (ckpt / "adapter.safetensors").is_file():
-        from klgrad.models.lora import load_lora_policy
+        from klgrad.trainer.checkpoints import load_lora_policy
 
         model, tokenizer = load_lora_policy(ckpt, cfg, device=device)
         return model.eval(), tokenizer, base

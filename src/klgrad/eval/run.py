@@ -30,8 +30,9 @@ from klgrad.eval.benchmarks import Benchmark, encode_eval_prompts, uses_chat_tem
 from klgrad.eval.models import EvalModel, ModelSource, load_eval_model
 from klgrad.eval.passk import mean_pass_at_k
 from klgrad.rewards import ACCURACY_REWARDS, BUILTIN_REWARDS
+from klgrad.rollout.batch import Sampler
 from klgrad.rollout.encoding import decode_responses
-from klgrad.rollout.samplers import Sampler, make_sampler
+from klgrad.rollout.samplers import make_sampler
 from klgrad.trainer.setup import resolve_device
 
 DEFAULT_MAX_NEW_TOKENS = 1024
@@ -106,7 +107,7 @@ def resolve_eval_device(setting: str, engine: str) -> torch.device:
     """``--device`` (auto: cuda when torch sees a GPU, else cpu), refused when it cannot work here: cuda without
     a visible GPU, or ``--engine vllm`` without vLLM or a GPU (the message says which)."""
     if engine == "vllm":
-        from klgrad.rollout.vllm_engine import vllm_unavailable_reason
+        from klgrad.machine import vllm_unavailable_reason
 
         reason = vllm_unavailable_reason()
         if reason is not None:

@@ -41,9 +41,9 @@ from klgrad.trainer import load_data, read_jsonl, reference_path, reward_specs, 
 
 METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
 EQUIVALENCE_MARGIN = 0.1
-"""δ of "k1_as_loss ≈ none" in nats of final KL(π‖π_ref), stated before any run (``--margin``). It used to be
-½·|KL_none − KL_k2| of the same runs, which judged runs by a margin they set: on the discovery task that margin
-was ±1 nat, as wide as the effect regularisation has there."""
+"""δ of "k1_as_loss ≈ none" in nats of final KL(π‖π_ref), stated before any run (``--margin``). A margin taken from
+the same runs, such as ½·|KL_none − KL_k2|, would judge runs by a margin they set: on the discovery task it comes
+to ±1 nat, as wide as the effect regularisation has there."""
 
 
 COLORS = {
@@ -126,10 +126,9 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     one enumeration gives it and the exact KL).
     """
     from klgrad.models import load_model_and_tokenizer
-    from klgrad.models.lora import load_lora_policy
     from klgrad.rollout.encoding import encode_prompts, uses_chat
     from klgrad.rollout.samplers import KlgradSampler
-    from klgrad.trainer.checkpoints import latest_checkpoint, load_weights
+    from klgrad.trainer.checkpoints import latest_checkpoint, load_lora_policy, load_weights
     from klgrad.trainer.evaluation import objective_on, reference_log_ratios
 
     model_dir = reference_path(cfg)

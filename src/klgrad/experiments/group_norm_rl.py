@@ -15,9 +15,8 @@ from pathlib import Path
 
 from klgrad.experiments.training_runs import last_steps_mean, plot_curves, train_variant
 
-REWARD_NAME = "klgrad.experiments.rl_repro:near_constant_reward"
-"""How the runs' config names :func:`near_constant_reward` (the path it had when the runs were first recorded;
-:mod:`klgrad.experiments.rl_repro` re-exports it)."""
+REWARD_NAME = "klgrad.experiments.group_norm_rl:near_constant_reward"
+"""How the runs' config names :func:`near_constant_reward` (``reward.functions``' ``module:function`` form)."""
 NO_KL = {"kl.head": "none"}
 K2 = {"kl.head": "k2_as_loss", "kl.beta": 0.5, "kl.level": "sequence"}
 VARIANTS: dict[str, tuple[str, dict]] = {

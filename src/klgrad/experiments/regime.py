@@ -224,10 +224,11 @@ def run_regime(cfg, out: Path, *, beta: float | None, samples: int, prompts: int
 
     from klgrad.data.example import examples_to_columns, repeat_columns
     from klgrad.models import load_model_and_tokenizer
+    from klgrad.models.sources import reference_path
     from klgrad.rewards import accuracy_reward_name, compute_rewards
     from klgrad.rollout.encoding import decode_responses, encode_prompts, uses_chat
     from klgrad.rollout.samplers import make_sampler
-    from klgrad.trainer.setup import load_data, reference_path, reward_specs
+    from klgrad.trainer.setup import load_data, reward_specs
 
     beta = cfg.kl.beta if beta is None else beta
     if beta <= 0:

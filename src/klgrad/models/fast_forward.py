@@ -333,7 +333,3 @@ class FastForward:
         self.filled = s + 1
         self.next_pos = self.next_pos + 1
         return self._logits(x)  # (R, V)
-
-
-FastLlama = FastForward
-"""The former name of :class:`FastForward` (it runs Llama, Qwen2 and Mistral)."""

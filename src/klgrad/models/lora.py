@@ -34,7 +34,7 @@ from torch import Tensor
 from klgrad.choices import LORA_TARGETS
 
 if TYPE_CHECKING:
-    from klgrad.config import Config
+    pass
 
 
 ADAPTER_FILE = "adapter.safetensors"
@@ -208,55 +208,3 @@ def lora_unsupported_reason(linear: torch.nn.Module) -> str | None:
         if dropout is not None and getattr(dropout, "p", 0.0) > 0 and dropout.training:
             return "LoRA dropout"
     return None
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder: ``path`` itself when it holds ``checksums.json``, else the newest valid checkpoint of
-    the run directory ``path``; raises when there is none or it does not verify."""
-    from klgrad.trainer.checkpoints import checkpoint_is_valid, latest_checkpoint  # the trainer imports this module
-
-    path = Path(path)
-    ckpt = path if (path / "checksums.json").is_file() else latest_checkpoint(path)
-    if ckpt is None:
-        raise FileNotFoundError(f"{path}: neither a checkpoint folder nor a run directory with a valid checkpoint")
-    if not checkpoint_is_valid(ckpt):
-        raise ValueError(f"{ckpt}: checksums do not verify (a torn or corrupt checkpoint)")
-    return ckpt
-
-
-def load_lora_policy(checkpoint: str | Path, cfg: Config, *, device: str | torch.device = "cpu"):
-    """The trained policy of a LoRA run, for inference: ``(model, tokenizer)``.
-
-    Args:
-        checkpoint: a checkpoint folder (``run/checkpoints/step_NNNNNN``, holding ``adapter.safetensors``) or a
-            run directory (its newest checkpoint whose checksums verify).
-        cfg: the run's :class:`~klgrad.config.Config` (``model.path``, ``model.dtype``, ``model.lora_*``; the
-            run directory's ``config.yaml`` loads with :func:`klgrad.config.load_config`).
-        device: where the weights go.
-
-    Returns:
-        The base model of ``cfg`` (``model.path`` or the embedded reference) with the checkpoint's adapter
-        merged into its weights (W + (α/r)·B·A; a plain transformers model, no peft layers left), dropout off,
-        in eval mode; and its tokenizer (left padding).
-
-    Raises:
-        ValueError: ``cfg.model.lora_rank`` is 0, the checkpoint does not verify, or its adapter does not match
-            the configured rank and targets.
-        FileNotFoundError: no checkpoint there.
-    """
-    from klgrad.models.dropout import disable_dropout
-    from klgrad.models.factory import load_model_and_tokenizer
-    from klgrad.trainer.setup import reference_path  # the trainer imports this module
-
-    if cfg.model.lora_rank < 1:
-        raise ValueError("load_lora_policy: cfg.model.lora_rank is 0 (a full fine-tuning run has policy.safetensors)")
-    ckpt = resolve_checkpoint(checkpoint)
-    attn = None if cfg.model.attn_implementation == "auto" else cfg.model.attn_implementation
-    model, tokenizer = load_model_and_tokenizer(
-        reference_path(cfg), dtype=cfg.model.dtype, attn_implementation=attn, device=device
-    )
-    disable_dropout(model)
-    peft_model = apply_lora(model, cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_targets)
-    load_adapter(model, ckpt / ADAPTER_FILE)
-    merged = peft_model.merge_and_unload()
-    return merged.eval(), tokenizer

@@ -36,6 +36,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from klgrad.config import Config
 
 MANIFEST = "klgrad_source.json"
 """Written last into a de-quantized folder: the GGUF it came from and each file's size and SHA-256."""
@@ -238,3 +242,19 @@ def hf_snapshot(repo_id: str) -> Path:
             f"model {repo_id!r} is not in the Hugging Face cache and could not be downloaded "
             f"({type(e).__name__}: {e}); {how}"
         ) from e
+
+
+EMBEDDED_DIR = Path(__file__).parent.parent / "assets"
+"""Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_addition_discovery``, ``tiny_scratchpad``), made
+by ``klgrad sft``."""
+
+
+def reference_path(cfg: Config) -> Path:
+    """The local HF folder to start from: ``model.path`` resolved by :func:`resolve_model`
+    (a folder, a known name such as ``smollm2-135m-instruct``, a ``.gguf`` file or a Hugging Face id), or the
+    embedded reference of the synthetic task. Raises :class:`~klgrad.models.sources.ModelSourceError` (before
+    anything is written) when the model cannot be had here."""
+    if cfg.model.path:
+        return resolve_model(cfg.model.path)
+    task = cfg.data.task if cfg.data.task != "file" else "addition"
+    return EMBEDDED_DIR / f"tiny_{task}"

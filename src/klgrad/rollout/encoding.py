@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from klgrad.choices import PromptFormat
-from klgrad.rollout.samplers import Rollout
+from klgrad.rollout.batch import Rollout
 
 
 def uses_chat(prompt_format: PromptFormat, tokenizer) -> bool:

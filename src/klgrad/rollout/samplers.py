@@ -13,68 +13,11 @@ masked out; a response that reaches ``max_new_tokens`` without EOS is marked tru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
-
 import torch
 from torch import Tensor
 
 from klgrad.models.fast_forward import FastForward, unsupported_reason
-
-
-@dataclass
-class Rollout:
-    """Sampled responses for a batch of prompts, groups contiguous.
-
-    Attributes:
-        prompt_ids: (N, P) left-padded prompt tokens, one row per response (prompt i repeated G times).
-        prompt_mask: (N, P) bool, True on real prompt tokens.
-        response_ids: (N, T) response tokens, ``pad_id`` after EOS.
-        response_mask: (N, T) bool, True on response tokens (EOS included).
-        logp: (N, T) sampler log-probs at the sampling temperature (0 at padding).
-        truncated: (N,) bool, True when the response hit max_new_tokens without EOS.
-    """
-
-    prompt_ids: Tensor
-    prompt_mask: Tensor
-    response_ids: Tensor
-    response_mask: Tensor
-    logp: Tensor
-    truncated: Tensor
-
-    @property
-    def input_ids(self) -> Tensor:
-        """(N, P + T) prompt and response, for a teacher-forced forward."""
-        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> Tensor:
-        """(N, P + T) bool."""
-        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
-
-    @property
-    def lengths(self) -> Tensor:
-        """(N,) response lengths in tokens."""
-        return self.response_mask.sum(-1)
-
-
-class Sampler(Protocol):
-    """What the trainer needs from a rollout engine (a vLLM engine implements the same call)."""
-
-    def generate(
-        self,
-        model: torch.nn.Module,
-        prompt_ids: Tensor,
-        prompt_mask: Tensor,
-        *,
-        group_size: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        greedy: bool = False,
-        generator: torch.Generator | None = None,
-        uniforms: Tensor | None = None,
-    ) -> Rollout: ...
+from klgrad.rollout.batch import Rollout, Sampler
 
 
 def _check_uniforms(uniforms: Tensor, n: int, max_new_tokens: int) -> Tensor:
@@ -153,15 +96,9 @@ class KlgradSampler:
     stops when every response has produced EOS or after ``max_new_tokens`` steps.
     """
 
-    def __init__(self, eos_id: int, pad_id: int, *, fast_forward: bool = True, fast: bool | None = None) -> None:
-        """``fast``: the former name of ``fast_forward``."""
+    def __init__(self, eos_id: int, pad_id: int, *, fast_forward: bool = True) -> None:
         self.eos_id, self.pad_id = eos_id, pad_id
-        self.fast_forward = fast_forward if fast is None else fast
-
-    @property
-    def fast(self) -> bool:
-        """The former name of :attr:`fast_forward`."""
-        return self.fast_forward
+        self.fast_forward = fast_forward
 
     def uses_fast_path(self, model: torch.nn.Module) -> bool:
         return self.fast_forward and unsupported_reason(model) is None
@@ -316,23 +253,19 @@ def _vllm_sampler(eos_id: int, pad_id: int, **options) -> Sampler:
     return VLLMSampler(eos_id, pad_id, **options)
 
 
-KVCacheSampler = KlgradSampler
-"""The former name of :class:`KlgradSampler`."""
-
-
 SAMPLERS = {"klgrad": KlgradSampler, "hf": HFGenerateSampler, "vllm": _vllm_sampler}
 
 
 def make_sampler(engine: str, eos_id: int, pad_id: int, **options) -> Sampler:
     """``klgrad`` (KV-cache), ``hf`` (transformers generate) or ``vllm`` (GPU; built lazily).
 
-    ``options``: ``fast_forward`` (or its former name ``fast``) for ``klgrad`` (see :class:`KlgradSampler`); the
+    ``options``: ``fast_forward`` for ``klgrad`` (see :class:`KlgradSampler`); the
     vLLM sampler's own (see
     :class:`klgrad.rollout.vllm_engine.VLLMSampler`).
     """
     if engine not in SAMPLERS:
         raise ValueError(f"rollout.engine must be one of {sorted(SAMPLERS)}, got {engine!r}")
-    allowed = {"klgrad": {"fast_forward", "fast"}, "hf": set()}.get(engine)
+    allowed = {"klgrad": {"fast_forward"}, "hf": set()}.get(engine)
     if allowed is not None and set(options) - allowed:
         raise ValueError(f"rollout.engine {engine!r} takes only {sorted(allowed)}, got {sorted(options)}")
     return SAMPLERS[engine](eos_id, pad_id, **options)

@@ -3,7 +3,7 @@ r"""vLLM as klgrad's rollout engine (GPU machines), and the sampler-vs-trainer l
 NOT YET VERIFIED ON A GPU: this module has never run against a real vLLM engine (none was available where it
 was written). The mismatch correction lives in :mod:`klgrad.rollout.mismatch` (tested on CPU); see docs/vllm.md.
 
-:class:`VLLMSampler` implements :class:`klgrad.rollout.samplers.Sampler` with vLLM's offline ``LLM`` API, in
+:class:`VLLMSampler` implements :class:`klgrad.rollout.batch.Sampler` with vLLM's offline ``LLM`` API, in
 the trainer's own process and on the trainer's GPU ("colocate", as TRL does): the engine is built lazily on the
 first :meth:`~VLLMSampler.generate` from the policy's model directory, and :meth:`~VLLMSampler.sync_weights`
 pushes the trainer's weights into it after every optimizer step. vLLM is imported only inside the class.
@@ -16,33 +16,17 @@ the policy-gradient terms by min(π_trainer / π_sampler, cap); see :func:`klgra
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import torch
 from torch import Tensor
 
-from klgrad.rollout.samplers import Rollout
-
-INSTALL_HINT = "pip install 'klgrad[vllm]'"
-
-
-def _requirements_error(has_vllm: bool, has_cuda: bool) -> str | None:
-    """The message for a machine that cannot run the vLLM engine, or None when it can."""
-    if not has_vllm:
-        return f"rollout.engine 'vllm' needs the vllm package: {INSTALL_HINT} (on a machine with a CUDA GPU)"
-    if not has_cuda:
-        return "rollout.engine 'vllm' needs a CUDA GPU (torch.cuda.is_available() is False here); use 'klgrad'"
-    return None
-
-
-def vllm_unavailable_reason() -> str | None:
-    """Why vLLM cannot run here (not installed, or no CUDA GPU), or None. Imports nothing heavy."""
-    return _requirements_error(importlib.util.find_spec("vllm") is not None, torch.cuda.is_available())
+from klgrad.machine import vllm_unavailable_reason
+from klgrad.rollout.batch import Rollout
 
 
 class VLLMSampler:
-    """vLLM's offline ``LLM`` behind klgrad's :class:`~klgrad.rollout.samplers.Sampler` interface (GPU only).
+    """vLLM's offline ``LLM`` behind klgrad's :class:`~klgrad.rollout.batch.Sampler` interface (GPU only).
 
     The engine is created on the first :meth:`generate` from ``model_path`` (default: the policy's
     ``name_or_path``, the local HF directory it was loaded from), with ``logprobs_mode="processed_logprobs"`` so

@@ -8,6 +8,7 @@ and :mod:`~klgrad.trainer.faults` (the reliability tests' hooks).
 """
 
 from klgrad.kl import adaptive_beta
+from klgrad.models.sources import EMBEDDED_DIR, reference_path
 from klgrad.rewards import merge_rewards
 from klgrad.schedule import lr_factor
 from klgrad.trainer.checkpoints import checkpoint_is_valid, latest_checkpoint, load_checkpoint, save_checkpoint
@@ -22,7 +23,7 @@ from klgrad.trainer.draws import (
 from klgrad.trainer.evaluation import eval_objective_prompts, evaluate, objective_metrics
 from klgrad.trainer.loop import hold_run_dir, train
 from klgrad.trainer.record import CURVES, git_revision, plot_curves, read_jsonl, summarize, write_jsonl
-from klgrad.trainer.setup import EMBEDDED_DIR, load_data, reference_path, resolve_device, reward_specs
+from klgrad.trainer.setup import load_data, resolve_device, reward_specs
 from klgrad.trainer.update import (
     SINGLE,
     Batch,

@@ -20,7 +20,10 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from klgrad.config import Config, to_dict
-from klgrad.models.lora import ADAPTER_FILE, load_adapter, save_adapter
+from klgrad.models.dropout import disable_dropout
+from klgrad.models.factory import load_model_and_tokenizer
+from klgrad.models.lora import ADAPTER_FILE, apply_lora, load_adapter, save_adapter
+from klgrad.models.sources import reference_path
 from klgrad.trainer.faults import fault
 
 
@@ -127,3 +130,49 @@ def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int,
     torch.set_rng_state(state["torch_rng"])  # per-step sampling uses its own (seed, step) generator
     meta = json.loads((path / "state.json").read_text())
     return int(meta["step"]), float(meta["beta"])
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder: ``path`` itself when it holds ``checksums.json``, else the newest valid checkpoint of
+    the run directory ``path``; raises when there is none or it does not verify."""
+    path = Path(path)
+    ckpt = path if (path / "checksums.json").is_file() else latest_checkpoint(path)
+    if ckpt is None:
+        raise FileNotFoundError(f"{path}: neither a checkpoint folder nor a run directory with a valid checkpoint")
+    if not checkpoint_is_valid(ckpt):
+        raise ValueError(f"{ckpt}: checksums do not verify (a torn or corrupt checkpoint)")
+    return ckpt
+
+
+def load_lora_policy(checkpoint: str | Path, cfg: Config, *, device: str | torch.device = "cpu"):
+    """The trained policy of a LoRA run, for inference: ``(model, tokenizer)``.
+
+    Args:
+        checkpoint: a checkpoint folder (``run/checkpoints/step_NNNNNN``, holding ``adapter.safetensors``) or a
+            run directory (its newest checkpoint whose checksums verify).
+        cfg: the run's :class:`~klgrad.config.Config` (``model.path``, ``model.dtype``, ``model.lora_*``; the
+            run directory's ``config.yaml`` loads with :func:`klgrad.config.load_config`).
+        device: where the weights go.
+
+    Returns:
+        The base model of ``cfg`` (``model.path`` or the embedded reference) with the checkpoint's adapter
+        merged into its weights (W + (α/r)·B·A; a plain transformers model, no peft layers left), dropout off,
+        in eval mode; and its tokenizer (left padding).
+
+    Raises:
+        ValueError: ``cfg.model.lora_rank`` is 0, the checkpoint does not verify, or its adapter does not match
+            the configured rank and targets.
+        FileNotFoundError: no checkpoint there.
+    """
+    if cfg.model.lora_rank < 1:
+        raise ValueError("load_lora_policy: cfg.model.lora_rank is 0 (a full fine-tuning run has policy.safetensors)")
+    ckpt = resolve_checkpoint(checkpoint)
+    attn = None if cfg.model.attn_implementation == "auto" else cfg.model.attn_implementation
+    model, tokenizer = load_model_and_tokenizer(
+        reference_path(cfg), dtype=cfg.model.dtype, attn_implementation=attn, device=device
+    )
+    disable_dropout(model)
+    peft_model = apply_lora(model, cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_targets)
+    load_adapter(model, ckpt / ADAPTER_FILE)
+    merged = peft_model.merge_and_unload()
+    return merged.eval(), tokenizer

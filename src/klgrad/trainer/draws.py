@@ -13,7 +13,7 @@ import hashlib
 import torch
 from torch import Tensor
 
-from klgrad.rollout.samplers import Rollout
+from klgrad.rollout.batch import Rollout
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

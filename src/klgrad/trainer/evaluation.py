@@ -15,8 +15,8 @@ from klgrad.experiments.exact_objective import exact_objective
 from klgrad.kl import sequence_kl_estimates, sequence_log_ratio
 from klgrad.logprobs import sequence_logprobs
 from klgrad.rewards import accuracy_reward_name, compute_rewards
+from klgrad.rollout.batch import Rollout
 from klgrad.rollout.encoding import decode_responses, encode_prompts, uses_chat
-from klgrad.rollout.samplers import Rollout
 
 
 @torch.no_grad()

@@ -34,10 +34,11 @@ from klgrad.config import Config
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.distributed import Dist, check_config
 from klgrad.kl import adaptive_beta
+from klgrad.models.sources import reference_path
 from klgrad.rewards import RewardResult, compute_rewards, merge_rewards
+from klgrad.rollout.batch import Rollout
 from klgrad.rollout.encoding import decode_responses, encode_prompts
 from klgrad.rollout.mismatch import mismatch_weights
-from klgrad.rollout.samplers import Rollout
 from klgrad.runlock import RunLockedError, run_lock
 from klgrad.trainer.checkpoints import save_checkpoint
 from klgrad.trainer.draws import draw_prompts, pad_responses, rollout_uniforms, step_generator
@@ -57,7 +58,6 @@ from klgrad.trainer.setup import (
     Run,
     kl_head,
     load_data,
-    reference_path,
     resolve_device,
     reward_specs,
     setup_run,

@@ -20,29 +20,14 @@ from klgrad.distributed import Dist, this_process_placement
 from klgrad.kl import KLHead, get_kl_head
 from klgrad.models import disable_dropout, load_model_and_tokenizer
 from klgrad.models.lora import apply_lora, base_view, trainable_parameters
-from klgrad.models.sources import resolve_model
 from klgrad.rewards import RewardSpec
+from klgrad.rollout.batch import Sampler
 from klgrad.rollout.encoding import uses_chat
-from klgrad.rollout.samplers import Sampler, make_sampler
+from klgrad.rollout.samplers import make_sampler
 from klgrad.schedule import lr_factor
 from klgrad.trainer.checkpoints import latest_checkpoint, load_checkpoint
 from klgrad.trainer.record import RunRecord, read_jsonl, write_run_files
 from klgrad.trainer.update import LogprobFn, PolicyLogprobs, make_logprob_fn
-
-EMBEDDED_DIR = Path(__file__).parent.parent / "assets"
-"""Shipped tiny reference checkpoints (``tiny_addition``, ``tiny_addition_discovery``, ``tiny_scratchpad``), made
-by ``klgrad sft``."""
-
-
-def reference_path(cfg: Config) -> Path:
-    """The local HF folder to start from: ``model.path`` resolved by :func:`~klgrad.models.sources.resolve_model`
-    (a folder, a known name such as ``smollm2-135m-instruct``, a ``.gguf`` file or a Hugging Face id), or the
-    embedded reference of the synthetic task. Raises :class:`~klgrad.models.sources.ModelSourceError` (before
-    anything is written) when the model cannot be had here."""
-    if cfg.model.path:
-        return resolve_model(cfg.model.path)
-    task = cfg.data.task if cfg.data.task != "file" else "addition"
-    return EMBEDDED_DIR / f"tiny_{task}"
 
 
 def load_data(cfg: Config) -> tuple[list[Example], list[Example]]:

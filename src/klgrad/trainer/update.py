@@ -62,11 +62,6 @@ class Batch:
     mismatch_weights: Tensor | None = None
     """(n, T) truncated-IS weights for a sampler whose log-probs differ from the trainer's (vLLM), or None."""
 
-    @property
-    def behaviour_weights(self) -> Tensor | None:
-        """The former name of :attr:`mismatch_weights`."""
-        return self.mismatch_weights
-
 
 @dataclass
 class UpdateStats:
@@ -113,11 +108,9 @@ class PolicyLogprobs(torch.nn.Module):
         return self.logprob_fn(self.policy, input_ids, attention_mask, response_start, with_entropy)
 
 
-def make_logprob_fn(temperature: float, fast_forward: bool = True, *, shared_prompts: bool | None = None) -> LogprobFn:
+def make_logprob_fn(temperature: float, fast_forward: bool = True) -> LogprobFn:
     """The :data:`LogprobFn` at ``temperature``; ``fast_forward`` (``model.fast_forward``) lets Llama-family models
-    forward each group's shared prompt once (:func:`klgrad.logprobs.sequence_logprobs`). ``shared_prompts`` is
-    the former name of ``fast_forward``."""
-    fast_forward = fast_forward if shared_prompts is None else shared_prompts
+    forward each group's shared prompt once (:func:`klgrad.logprobs.sequence_logprobs`)."""
 
     def fn(model, input_ids, attention_mask, response_start, with_entropy):
         return sequence_logprobs(
