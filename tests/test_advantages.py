@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from klgrad.advantages import ShapingStats, shape_rewards
-from klgrad.choices import PRESETS, SHAPING_METHODS
+from klgrad.choices import SHAPING_METHODS, SHAPING_PRESETS
 from tolerances import gamma
 
 pytestmark = pytest.mark.numerics
@@ -69,8 +69,8 @@ HAND["dr_grpo"] = HAND["group_baseline"]
 def test_method_names_and_presets() -> None:
     assert set(HAND) == set(SHAPING_METHODS)
     assert len(SHAPING_METHODS) == 11
-    assert PRESETS["reinforce_pp_baseline"] == ("group_baseline", "batch_norm")
-    assert set(PRESETS) == {"reinforce", "reinforce_pp", "grpo", "dr_grpo", "reinforce_pp_baseline"}
+    assert SHAPING_PRESETS["reinforce_pp_baseline"] == ("group_baseline", "batch_norm")
+    assert set(SHAPING_PRESETS) == {"reinforce", "reinforce_pp", "grpo", "dr_grpo", "reinforce_pp_baseline"}
 
 
 @pytest.mark.parametrize("method", SHAPING_METHODS)

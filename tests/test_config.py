@@ -29,6 +29,7 @@ from klgrad.choices import (
     ShapingMethod,
 )
 from klgrad.config import (
+    SCHEMA_FILE,
     AlgoConfig,
     Config,
     ConfigError,
@@ -36,11 +37,13 @@ from klgrad.config import (
     KLConfig,
     config_reference,
     dump_yaml,
+    json_schema,
     load_config,
     load_yaml,
     parse_override_args,
     parse_value,
     resolve_config_path,
+    schema_text,
     to_dict,
 )
 from klgrad.kl import KL_HEADS
@@ -613,3 +616,120 @@ def test_config_and_cli_import_no_model_library():
     assert klgrad.KL_HEADS["k2_as_loss"].name == "k2_as_loss"  # still there on first use
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = klgrad.nope
+
+
+# ----------------------------------------------------------------------------------------------------------
+# every problem at once, suggestions, the shipped JSON schema
+
+
+def test_a_yaml_with_three_mistakes_reports_all_three(tmp_path):
+    """A typo'd key, a wrong choice and an out-of-range value in different sections: one read names all three,
+    one line each, starting with the dotted field."""
+    p = tmp_path / "c.yaml"
+    p.write_text("kl:\n  bta: 0.1\nalgo:\n  shaping: grpo2\noptim:\n  lr: -1.0e-6\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert e.value.problems == [
+        "kl.bta is not a config field; allowed here: ['head', 'beta', 'level', 'form', 'clip_eps', 'ratio_level', "
+        "'is_correction', 'target_kl', 'adapt_rate', 'reset_ref_every']; did you mean 'beta'?",
+        f"algo.shaping must be one of {list(SHAPING_METHODS)}, got 'grpo2'; did you mean 'grpo'?",
+        "optim.lr must be > 0",
+    ]
+    assert str(e.value) == "\n".join(e.value.problems)
+
+
+def test_value_rules_of_every_section_then_across_sections_are_all_reported():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, {"kl.beta": -1, "train.steps": 0, "rollout.group_size": 1})
+    assert e.value.problems == ["kl.beta must be >= 0", "train.steps must be >= 1"]  # sections first ...
+    with pytest.raises(ConfigError) as e:
+        load_config(None, {"rollout.group_size": 1, "rollout.top_p": 0.9})
+    assert [p.split(" ")[0] for p in e.value.problems] == ["rollout.group_size", "rollout.top_p"]  # ... then across
+
+
+@pytest.mark.parametrize(
+    ("over", "problem"),
+    [
+        (
+            {"trian.steps": 3},
+            "trian is not a config field; allowed here: ['model', 'data', 'rollout', 'reward', "
+            "'kl', 'algo', 'optim', 'train']; did you mean 'train'?",
+        ),
+        ({"kl.head": "k3_as_los"}, "did you mean 'k3_as_loss'?"),
+        (
+            {"reward.functions": [{"name": "accuracy", "wieght": 2}]},
+            "reward.functions[0].wieght is not a config "
+            "field; allowed here: ['name', 'weight']; did you mean 'weight'?",
+        ),
+        ({"optim.betas": [0.9]}, "optim.betas must have 2 items, got 1"),
+        ({"optim.betas": [0.9, 0.9, 0.9]}, "optim.betas must have 2 items, got 3"),
+        ({"optim.lr": 10**400}, "optim.lr must be a finite number, got an integer of 401 digits"),
+        ({"model.lora_targets": ["q_proj", 3]}, "model.lora_targets[1] must be a string, got 3"),
+    ],
+)
+def test_messages_name_the_field_and_suggest_a_near_miss(over, problem):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, over)
+    assert len(e.value.problems) == 1
+    assert problem in e.value.problems[0]
+    assert e.value.problems[0].startswith(next(iter(over)).split(".")[0])
+
+
+def test_no_suggestion_for_a_far_miss():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, {"kl.zzzzzz": 1})
+    assert "did you mean" not in str(e.value)
+
+
+def test_an_empty_section_is_its_defaults(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("kl:\noptim:\n")
+    assert load_config(p) == Config()
+
+
+def test_shipped_schema_is_the_generated_one_and_every_shipped_config_names_it():
+    configs = importlib.resources.files("klgrad") / "configs"
+    assert (configs / SCHEMA_FILE).read_text(encoding="utf-8") == schema_text(), (
+        "klgrad.schema.json is stale: run `python -m klgrad.config`"
+    )
+    shipped = sorted(p for p in configs.iterdir() if p.name.endswith(".yaml"))
+    assert len(shipped) >= 6
+    for p in shipped:
+        assert p.read_text(encoding="utf-8").splitlines()[0] == f"# yaml-language-server: $schema={SCHEMA_FILE}"
+
+
+def test_schema_accepts_every_shipped_config_and_refuses_what_the_config_refuses():
+    """The editor's check (JSON schema, jsonschema's validator) and klgrad's agree on the shipped configs and on
+    wrong keys, types and choices (value rules such as lr > 0 are klgrad's own: the schema has no ranges)."""
+    import jsonschema
+
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    configs = importlib.resources.files("klgrad") / "configs"
+    for p in sorted(p for p in configs.iterdir() if p.name.endswith(".yaml")):
+        data = load_yaml(p.read_text(encoding="utf-8"))
+        assert list(validator.iter_errors(data)) == [], p.name
+    for bad in (
+        {"kl": {"bta": 0.1}},
+        {"kl": {"head": "k9"}},
+        {"kl": {"head": 3}},
+        {"train": {"steps": 2.5}},
+        {"train": {"tensorboard": 1}},
+        {"optim": {"betas": [0.9]}},
+        {"model": {"path": 5}},
+        {"trian": {}},
+    ):
+        assert list(validator.iter_errors(bad)), bad
+        with pytest.raises(ConfigError):
+            load_config(None, {f"{s}.{k}": v for s, section in bad.items() for k, v in section.items()} or bad)
+    assert not list(validator.iter_errors({"kl": {"head": "my_pkg.heads:half_square"}}))
+
+
+def test_klgrad_train_prints_every_problem_and_exits_2(capsys):
+    from klgrad.cli import main
+
+    assert main(["train", "--kl.bta", "1", "--kl.head", "k9", "--optim.lr", "0"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "klgrad train: 3 problems in the config:"
+    assert [line.split(" ")[2] for line in err[1:]] == ["kl.head", "kl.bta", "optim.lr"]

@@ -12,7 +12,7 @@ A KL regulariser is judged by the gradient it produces. The public API (every ex
 import importlib
 
 _HOME: dict[str, str] = {
-    **dict.fromkeys(("PRESETS", "SHAPING_METHODS", "LEVELS"), "klgrad.choices"),
+    **dict.fromkeys(("SHAPING_PRESETS", "SHAPING_METHODS", "LEVELS"), "klgrad.choices"),
     **dict.fromkeys(("ShapingStats", "shape_rewards"), "klgrad.advantages"),
     **dict.fromkeys(
         (

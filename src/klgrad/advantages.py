@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from klgrad.choices import GROUP_OPS, PRESETS, SHAPING_METHODS, needs_groups
+from klgrad.choices import GROUP_OPS, SHAPING_METHODS, SHAPING_PRESETS, needs_groups
 
 _NORM_OPS = frozenset({"group_norm", "batch_norm"})
 
@@ -101,7 +101,7 @@ def _validate(
             raise ValueError(f"{name} must be > 0, got {val}")
     if std_min is not None and std_max is not None and std_min > std_max:
         raise ValueError(f"std_min={std_min} must be <= std_max={std_max}")
-    ops = PRESETS.get(method, (method,))
+    ops = SHAPING_PRESETS.get(method, (method,))
     if group_size == 1 and needs_groups(method):
         raise ValueError(
             f"method {method!r} needs a group statistic over >1 element, but group_size=1 makes every "
@@ -245,7 +245,7 @@ def leave_one_out_scale(
     advantages are the sequence-level ones. Being a function of the other samples only, s_{-i} is independent
     of y_i, so E[s_{-i} β Σ_{t'<t} c_t' ∇log π(y_t|y_<t)] = E[s_{-i}] E[β Σ_{t'<t} c_t' E[∇log π(y_t|y_<t) | y_<t]] = 0.
     """
-    ops = PRESETS.get(method, (method,))
+    ops = SHAPING_PRESETS.get(method, (method,))
     x = totals.detach().to(torch.float64)  # (B,)
     B, G = x.numel(), group_size
     if not {"group_norm", "batch_norm"}.intersection(ops):

@@ -4,7 +4,7 @@ loading a model library. The modules that implement each choice import its type 
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 # KL heads and where they act (klgrad.kl)
 HeadName = Literal[
@@ -26,10 +26,30 @@ IMPORT_PATH = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 
 class OrImportPath:
     """``Annotated[SomeLiteral, OrImportPath()]``: a choice that also takes a ``package.module:name`` of the
-    user's (``kl.head``); the config checks the form, the implementing module imports it."""
+    user's (``kl.head``); the config checks the form, the implementing module imports it.
+
+    For pydantic (which validates the configuration) it is one value check with one message, and in the JSON
+    schema an ``anyOf`` of the choices and the import-path pattern, so an editor completes both."""
 
     def __repr__(self) -> str:
         return "OrImportPath()"
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        import re
+
+        from pydantic_core import PydanticCustomError, core_schema
+
+        choices = self.choices = get_args(source)  # one OrImportPath() per annotated field
+
+        def check(value: Any) -> str:
+            if value in choices or (isinstance(value, str) and re.fullmatch(IMPORT_PATH, value)):
+                return value
+            raise PydanticCustomError("choice_or_import_path", "not a choice", {"expected": list(choices)})
+
+        return core_schema.no_info_plain_validator_function(check)
+
+    def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
+        return {"anyOf": [{"enum": list(self.choices)}, {"type": "string", "pattern": IMPORT_PATH}]}
 
 
 Level = Literal["sequence", "token_to_go", "token"]
@@ -61,7 +81,7 @@ ShapingMethod = Literal[
     "reinforce_pp_baseline",
 ]
 SHAPING_METHODS: tuple[str, ...] = get_args(ShapingMethod)
-PRESETS: dict[str, tuple[str, ...]] = {
+SHAPING_PRESETS: dict[str, tuple[str, ...]] = {
     "reinforce": ("batch_norm",),
     "reinforce_pp": ("batch_norm",),
     "grpo": ("group_norm",),
@@ -75,8 +95,13 @@ GROUP_OPS = frozenset({"group_baseline", "group_norm", "rloo"})
 def needs_groups(method: str) -> bool:
     """True when ``method`` takes a statistic over each prompt's group (group baseline, group norm, RLOO), so it
     needs ``group_size`` ≥ 2: with one response per prompt its advantages would all be 0 (or undefined)."""
-    return bool(GROUP_OPS.intersection(PRESETS.get(method, (method,))))
+    return bool(GROUP_OPS.intersection(SHAPING_PRESETS.get(method, (method,))))
 
+
+# rewards (klgrad.rewards)
+ACCURACY_REWARDS: tuple[str, ...] = ("accuracy", "final_number")
+"""Built-in rewards that score correctness (0 or 1; ``klgrad eval --reward``): evaluation reports the first one a run
+uses as its accuracy (``eval/greedy_accuracy``, ``eval/sampled_accuracy``) and the curves plot it."""
 
 # rollout (klgrad.rollout)
 Engine = Literal["klgrad", "hf", "vllm"]
@@ -89,6 +114,9 @@ MismatchLevel = Literal["token", "sequence"]
 MISMATCH_LEVELS: tuple[str, ...] = get_args(MismatchLevel)
 
 # optimisation and models
+ModelDtype = Literal["float32", "bfloat16", "float16"]
+"""``model.dtype`` and ``klgrad export --dtype``: torch's names of the parameter dtypes klgrad trains and exports."""
+MODEL_DTYPES: tuple[str, ...] = get_args(ModelDtype)
 Schedule = Literal["constant", "cosine", "linear"]
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear projection of a Llama / Qwen2 / Mistral decoder layer: the default and the allowed targets."""

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from klgrad import __version__
-from klgrad.choices import ENGINES, FRAMEWORKS
+from klgrad.choices import ACCURACY_REWARDS, ENGINES, FRAMEWORKS, MODEL_DTYPES
 from klgrad.completion import SHELLS, completion_script
 from klgrad.experiments.reproduce import TARGETS
 
@@ -284,6 +284,11 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
             cfg = load_config(saved, {**parse_override_args(overrides), "train.out_dir": str(run_dir)})
         else:
             cfg = load_config(args.config, parse_override_args(overrides))
+    except ConfigError as e:
+        problems = e.problems
+        head = f"{len(problems)} problems in the config:\n  " if len(problems) > 1 else ""
+        print(f"klgrad train: {head}" + "\n  ".join(problems), file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"klgrad train: {e}", file=sys.stderr)
         return 2
@@ -353,11 +358,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-EVAL_REWARDS: tuple[str, ...] = ("accuracy", "final_number")
-"""``klgrad eval --reward`` choices: :data:`klgrad.rewards.ACCURACY_REWARDS` (spelled out: importing the rewards
-loads what ``klgrad --help`` and the completion scripts should not wait for; a test keeps the two equal)."""
-
-
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     """``klgrad eval``: greedy accuracy, pass@1 and pass@k of models on benchmark files (:mod:`klgrad.eval`)."""
     e = sub.add_parser(
@@ -403,7 +403,7 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument(
         "--reward",
         default="accuracy",
-        choices=EVAL_REWARDS,
+        choices=ACCURACY_REWARDS,
         help="correctness: accuracy (Math-Verify, default) or final_number (Math-Verify on the last number written, "
         "as the chat arithmetic tasks train)",
     )
@@ -467,11 +467,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-EXPORT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-"""``klgrad export --dtype`` choices: :data:`klgrad.export.EXPORT_DTYPES` (spelled out, as :data:`EVAL_REWARDS`, so
-that ``klgrad --help`` does not import transformers; a test keeps the two equal)."""
-
-
 def add_export_parser(sub: argparse._SubParsersAction) -> None:
     """``klgrad export``: a run's trained policy as a standard Hugging Face model folder (:mod:`klgrad.export`)."""
     x = sub.add_parser(
@@ -485,7 +480,7 @@ def add_export_parser(sub: argparse._SubParsersAction) -> None:
     x.add_argument("source", metavar="RUN|CHECKPOINT", help="a klgrad run directory or RUN/checkpoints/step_N")
     x.add_argument("--out", required=True, help="the model folder to write (refused if it exists and is not empty)")
     x.add_argument(
-        "--dtype", default=None, choices=EXPORT_DTYPES, help="weights dtype (default: the checkpoint's, model.dtype)"
+        "--dtype", default=None, choices=MODEL_DTYPES, help="weights dtype (default: the checkpoint's, model.dtype)"
     )
     x.add_argument("--force", action="store_true", help="replace a non-empty --out")
     x.set_defaults(func=cmd_export)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
+import functools
 import importlib.resources
 import importlib.util
 import inspect
 import itertools
+import json
 import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +26,8 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
 
+from klgrad import option_rules as rules
 from klgrad.choices import (
-    IMPORT_PATH,
     LORA_TARGETS,
     Aggregation,
     Engine,
@@ -33,6 +35,7 @@ from klgrad.choices import (
     HeadName,
     Level,
     MismatchLevel,
+    ModelDtype,
     OrImportPath,
     PromptFormat,
     RatioLevel,
@@ -44,7 +47,19 @@ from klgrad.choices import (
 
 
 class ConfigError(ValueError):
-    """A configuration problem; the message starts with the dotted field name."""
+    """A configuration problem; each line of the message starts with the dotted field name, one line per problem
+    (``problems``)."""
+
+    problems: list[str]
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.problems = message.splitlines()
+
+    @classmethod
+    def of(cls, problems: list[str]) -> ConfigError:
+        """One error reporting every problem, one per line."""
+        return cls("\n".join(problems))
 
 
 @dataclass
@@ -53,7 +68,7 @@ class ModelConfig:
     """Model to start from: a local HF folder, a known name (smollm2-135m-instruct), a .gguf file (de-quantized once
     into ~/.cache/klgrad) or a Hugging Face id (HF cache, else downloaded when online); null = the embedded tiny
     reference of data.task (docs/models.md). Never runs the model's own code (trust_remote_code off)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    dtype: ModelDtype = "float32"
     """Parameter dtype (CPU: float32)."""
     attn_implementation: Literal["auto", "eager", "sdpa", "flash_attention_2"] = "auto"
     """Attention kernel; auto = eager on CPU (never slower there in our measurement), sdpa on GPU."""
@@ -71,21 +86,27 @@ class ModelConfig:
     """Projections that get an adapter in every decoder layer: any of q_proj, k_proj, v_proj, o_proj, gate_proj,
     up_proj, down_proj (Llama/Qwen2/Mistral names; default all seven)."""
 
-    def validate(self, at: str) -> None:
-        _check(self.lora_rank >= 0, at, "lora_rank", f"must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
-        _check(self.lora_alpha > 0, at, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
-        _check(len(self.lora_targets) >= 1, at, "lora_targets", "needs at least one projection")
+    def check(self, report: Report) -> None:
+        report.require(self.lora_rank >= 0, "lora_rank", f"must be >= 0 (0 = full fine-tuning), got {self.lora_rank}")
+        report.require(self.lora_alpha > 0, "lora_alpha", f"must be > 0, got {self.lora_alpha}")
+        report.require(len(self.lora_targets) >= 1, "lora_targets", "needs at least one projection")
         unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
-        _check(not unknown, at, "lora_targets", f"{unknown} unknown: allowed are {list(LORA_TARGETS)}")
-        _check(len(set(self.lora_targets)) == len(self.lora_targets), at, "lora_targets", "lists a projection twice")
+        report.require(not unknown, "lora_targets", f"{unknown} unknown: allowed are {list(LORA_TARGETS)}")
+        report.require(
+            len(set(self.lora_targets)) == len(self.lora_targets), "lora_targets", "lists a projection twice"
+        )
         has_peft = self.lora_rank == 0 or importlib.util.find_spec("peft") is not None
-        _check(has_peft, at, "lora_rank", f"{self.lora_rank} needs peft (not installed): pip install 'klgrad[lora]'")
+        report.require(
+            has_peft, "lora_rank", f"{self.lora_rank} needs peft (not installed): pip install 'klgrad[lora]'"
+        )
         ok = self.device in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:[0-9]+", self.device) is not None
-        _check(ok, at, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        report.require(ok, "device", f"must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.device.startswith("cuda"):
             import torch
 
-            _check(torch.cuda.is_available(), at, "device", f"{self.device!r}: no CUDA GPU is visible to torch here")
+            report.require(
+                torch.cuda.is_available(), "device", f"{self.device!r}: no CUDA GPU is visible to torch here"
+            )
 
 
 @dataclass
@@ -117,12 +138,12 @@ class DataConfig:
     response_format: Literal["boxed", "think_answer"] = "boxed"
     """task = file: the response format the 'format' reward checks (\\boxed{...} or <think>..<answer>)."""
 
-    def validate(self, at: str) -> None:
-        _check(self.digits >= 1, at, "digits", "must be >= 1")
-        _check(self.n_train >= 1, at, "n_train", "must be >= 1")
-        _check(self.n_eval >= 1, at, "n_eval", "must be >= 1")
-        _check(self.task != "file" or bool(self.path), at, "path", "is required when data.task = file")
-        _check(self.digits <= 9, at, "digits", f"must be <= 9, got {self.digits}")
+    def check(self, report: Report) -> None:
+        report.require(self.digits >= 1, "digits", "must be >= 1")
+        report.require(self.n_train >= 1, "n_train", "must be >= 1")
+        report.require(self.n_eval >= 1, "n_eval", "must be >= 1")
+        report.require(self.task != "file" or bool(self.path), "path", "is required when data.task = file")
+        report.require(self.digits <= 9, "digits", f"must be <= 9, got {self.digits}")
 
 
 @dataclass
@@ -144,18 +165,18 @@ class RolloutConfig:
     mismatch_cap: float = 2.0
     """Truncation cap C of the mismatch weights (> 0)."""
 
-    def validate(self, at: str) -> None:
-        _check(self.prompts_per_step >= 1, at, "prompts_per_step", "must be >= 1")
-        _check(self.group_size >= 1, at, "group_size", "must be >= 1")
-        _check(self.max_new_tokens >= 1, at, "max_new_tokens", "must be >= 1")
-        _check(self.temperature > 0, at, "temperature", "must be > 0")
-        _check(0 < self.top_p <= 1, at, "top_p", "must be in (0, 1]")
-        _check(self.mismatch_cap > 0, at, "mismatch_cap", "must be > 0")
+    def check(self, report: Report) -> None:
+        report.require(self.prompts_per_step >= 1, "prompts_per_step", "must be >= 1")
+        report.require(self.group_size >= 1, "group_size", "must be >= 1")
+        report.require(self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        report.require(self.temperature > 0, "temperature", "must be > 0")
+        report.require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        report.require(self.mismatch_cap > 0, "mismatch_cap", "must be > 0")
         if self.engine == "vllm":
-            from klgrad.rollout.vllm_engine import vllm_unavailable_reason
+            from klgrad.machine import vllm_unavailable_reason
 
             reason = vllm_unavailable_reason()
-            _check(reason is None, at, "engine", f"'vllm' cannot run here: {reason}")
+            report.require(reason is None, "engine", f"'vllm' cannot run here: {reason}")
 
 
 @dataclass
@@ -179,12 +200,11 @@ class RewardConfig:
     max_failure_fraction: float | None = None
     """Stop the run when more than this fraction of a step's samples had a failed reward (null = never)."""
 
-    def validate(self, at: str) -> None:
-        _check(len(self.functions) >= 1, at, "functions", "needs at least one reward function")
-        _check(self.timeout_s > 0, at, "timeout_s", "must be > 0")
-        _check(
+    def check(self, report: Report) -> None:
+        report.require(len(self.functions) >= 1, "functions", "needs at least one reward function")
+        report.require(self.timeout_s > 0, "timeout_s", "must be > 0")
+        report.require(
             self.max_failure_fraction is None or 0 <= self.max_failure_fraction < 1,
-            at,
             "max_failure_fraction",
             "must be in [0, 1) or null",
         )
@@ -214,17 +234,12 @@ class KLConfig:
     reset_ref_every: int | None = None
     """Copy the policy into the reference every N steps (ProRL); None = never."""
 
-    def validate(self, at: str) -> None:
-        _check(self.beta >= 0, at, "beta", "must be >= 0")
-        _check(self.clip_eps is None or 0 < self.clip_eps < 1, at, "clip_eps", "must be in (0, 1) or null")
-        _check(self.target_kl is None or self.target_kl > 0, at, "target_kl", "must be > 0 or null")
-        _check(self.reset_ref_every is None or self.reset_ref_every >= 1, at, "reset_ref_every", "must be >= 1")
-        _check(
-            not (self.form == "combined" and self.level == "token"),
-            at,
-            "level",
-            "'token' is not a return: the combined form needs 'sequence' or 'token_to_go'",
-        )
+    def check(self, report: Report) -> None:
+        report.add("beta", rules.problem("beta", self.beta))
+        report.add("clip_eps", rules.problem("kl_clip_eps", self.clip_eps))
+        report.require(self.target_kl is None or self.target_kl > 0, "target_kl", "must be > 0 or null")
+        report.require(self.reset_ref_every is None or self.reset_ref_every >= 1, "reset_ref_every", "must be >= 1")
+        report.add("level", rules.combined_level_problem(self.form, self.level))
 
 
 @dataclass
@@ -254,16 +269,12 @@ class AlgoConfig:
     micro_batch_size: int = 64
     """Sequences per forward/backward (gradient accumulation); does not change the result."""
 
-    def validate(self, at: str) -> None:
-        _check(self.std_min is None or self.std_min > 0, at, "std_min", "must be > 0 or null")
-        _check(self.std_max is None or self.std_max > 0, at, "std_max", "must be > 0 or null")
-        _check(0 < self.clip_eps_low < 1, at, "clip_eps_low", "must be in (0, 1)")
-        _check(self.clip_eps_high > 0, at, "clip_eps_high", "must be > 0")
-        _check(self.dual_clip is None or self.dual_clip > 1, at, "dual_clip", "must be > 1 or null")
-        _check(self.entropy_coef >= 0, at, "entropy_coef", "must be >= 0")
-        _check(self.ppo_epochs >= 1, at, "ppo_epochs", "must be >= 1")
-        _check(self.mini_batches >= 1, at, "mini_batches", "must be >= 1")
-        _check(self.micro_batch_size >= 1, at, "micro_batch_size", "must be >= 1")
+    def check(self, report: Report) -> None:
+        for name in ("std_min", "std_max", "clip_eps_low", "clip_eps_high", "dual_clip", "entropy_coef"):
+            report.add(name, rules.problem(name, getattr(self, name)))
+        report.require(self.ppo_epochs >= 1, "ppo_epochs", "must be >= 1")
+        report.require(self.mini_batches >= 1, "mini_batches", "must be >= 1")
+        report.require(self.micro_batch_size >= 1, "micro_batch_size", "must be >= 1")
 
 
 @dataclass
@@ -281,12 +292,12 @@ class OptimConfig:
     schedule: Schedule = "constant"
     """LR schedule after warm-up."""
 
-    def validate(self, at: str) -> None:
-        _check(self.lr > 0, at, "lr", "must be > 0")
-        _check(self.weight_decay >= 0, at, "weight_decay", "must be >= 0")
-        _check(all(0 <= b < 1 for b in self.betas), at, "betas", "must be in [0, 1)")
-        _check(self.grad_clip is None or self.grad_clip > 0, at, "grad_clip", "must be > 0 or null")
-        _check(self.warmup_steps >= 0, at, "warmup_steps", "must be >= 0")
+    def check(self, report: Report) -> None:
+        report.require(self.lr > 0, "lr", "must be > 0")
+        report.require(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        report.require(all(0 <= b < 1 for b in self.betas), "betas", "must be in [0, 1)")
+        report.require(self.grad_clip is None or self.grad_clip > 0, "grad_clip", "must be > 0 or null")
+        report.require(self.warmup_steps >= 0, "warmup_steps", "must be >= 0")
 
 
 @dataclass
@@ -318,16 +329,15 @@ class TrainConfig:
     ``eval/J_star``, ``eval/kl_to_optimum``, ``eval/exact_kl``); 0 = off; null = 20 for short answers
     (``rollout.max_new_tokens`` ≤ 10) with ``kl.beta`` > 0 and ``rollout.top_p`` = 1, else off."""
 
-    def validate(self, at: str) -> None:
-        _check(self.steps >= 1, at, "steps", "must be >= 1")
-        _check(self.eval_every >= 0, at, "eval_every", "must be >= 0")
-        _check(self.save_every >= 1, at, "save_every", "must be >= 1")
-        _check(self.eval_samples >= 1, at, "eval_samples", "must be >= 1")
-        _check(self.max_skipped_steps >= 1, at, "max_skipped_steps", "must be >= 1")
-        _check(self.threads is None or self.threads >= 1, at, "threads", "must be >= 1 or null")
-        _check(
+    def check(self, report: Report) -> None:
+        report.require(self.steps >= 1, "steps", "must be >= 1")
+        report.require(self.eval_every >= 0, "eval_every", "must be >= 0")
+        report.require(self.save_every >= 1, "save_every", "must be >= 1")
+        report.require(self.eval_samples >= 1, "eval_samples", "must be >= 1")
+        report.require(self.max_skipped_steps >= 1, "max_skipped_steps", "must be >= 1")
+        report.require(self.threads is None or self.threads >= 1, "threads", "must be >= 1 or null")
+        report.require(
             self.eval_objective_prompts is None or self.eval_objective_prompts >= 0,
-            at,
             "eval_objective_prompts",
             "must be >= 0 or null",
         )
@@ -354,167 +364,245 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     """Loop, logging and output."""
 
-    def validate(self, at: str = "") -> None:
+    def check(self, report: Report) -> None:
         b = self.rollout.prompts_per_step * self.rollout.group_size
-        _check(
+        report.require(
             not self.data.task.startswith("chat_") or bool(self.model.path),
-            "model.",
-            "path",
+            "model.path",
             f"is required with data.task = {self.data.task!r} (a chat task has no embedded reference: e.g. "
             "smollm2-135m-instruct)",
         )
-        _check(
+        report.require(
             self.rollout.group_size >= 2 or not needs_groups(self.algo.shaping),
-            "rollout.",
-            "group_size",
+            "rollout.group_size",
             f"must be >= 2 for group shaping {self.algo.shaping!r}",
         )
         # every log-prob klgrad takes (policy, reference, behaviour, exact KL) is of the full distribution at the
         # temperature; a top-p sampler draws from the truncated one, so KL heads and importance ratios would be of
         # a distribution that was not sampled
         off_policy = self.algo.ppo_epochs > 1 or self.algo.mini_batches > 1
-        _check(
+        report.require(
             self.rollout.top_p == 1.0 or (self.kl.head == "none" and not off_policy),
-            "rollout.",
-            "top_p",
+            "rollout.top_p",
             f"must be 1.0 with a KL head (kl.head = {self.kl.head!r}) or an off-policy update (algo.ppo_epochs > 1 "
             "or algo.mini_batches > 1), got "
             f"{self.rollout.top_p}: klgrad's log-probs are of the full distribution, and its KL heads and "
             "importance ratios are exact only for the distribution sampled",
         )
-        _check(
+        report.require(
             not self.train.eval_objective_prompts or (self.kl.beta > 0 and self.rollout.top_p == 1.0),
-            "train.",
-            "eval_objective_prompts",
+            "train.eval_objective_prompts",
             f"needs kl.beta > 0 (J_β is defined for β > 0; got {self.kl.beta}) and rollout.top_p = 1 (the "
             f"objective is of the full distribution; got {self.rollout.top_p}): set it to 0 or null",
         )
         # LoRA: the reference is the base weights under the adapter, and vLLM syncs plain weights
         lora = self.model.lora_rank > 0
-        _check(
+        report.require(
             not (lora and self.kl.reset_ref_every is not None),
-            "kl.",
-            "reset_ref_every",
+            "kl.reset_ref_every",
             f"must be null with model.lora_rank = {self.model.lora_rank}: a LoRA run's reference is the frozen base "
             "weights with the adapter off, so it cannot be reset to the policy (docs/lora.md)",
         )
-        _check(
+        report.require(
             not (lora and self.rollout.engine == "vllm"),
-            "rollout.",
-            "engine",
+            "rollout.engine",
             f"'vllm' cannot run with model.lora_rank = {self.model.lora_rank}: its weight sync loads plain weights, "
             "not a LoRA adapter; use 'klgrad' or 'hf'",
         )
-        _check(
+        report.require(
             b % self.algo.mini_batches == 0,
-            "algo.",
-            "mini_batches",
+            "algo.mini_batches",
             f"must divide the rollout batch prompts_per_step*group_size = {b}",
         )
-        _check(
+        report.require(
             (b // self.algo.mini_batches) % self.rollout.group_size == 0,
-            "algo.",
-            "mini_batches",
+            "algo.mini_batches",
             "must split the batch into whole groups",
         )
 
 
 # ----------------------------------------------------------------------------------------------------------
-# machinery: dict -> dataclass with dotted errors, YAML, overrides, reference
+# machinery: dict -> dataclasses (pydantic, every error at once), rules, YAML, overrides, reference
+
+_DATACLASSES = (
+    ModelConfig,
+    DataConfig,
+    RolloutConfig,
+    RewardFnConfig,
+    RewardConfig,
+    KLConfig,
+    AlgoConfig,
+    OptimConfig,
+    TrainConfig,
+    Config,
+)
+for _cls in _DATACLASSES:
+    # read by pydantic (a ConfigDict is a plain dict): strict types (no "5" -> 5, no 1 -> true), no unknown
+    # keys, finite numbers, and the string under each field as its description in the JSON schema
+    _cls.__pydantic_config__ = {  # type: ignore[attr-defined]
+        "strict": True,
+        "extra": "forbid",
+        "allow_inf_nan": False,
+        "use_attribute_docstrings": True,
+    }
 
 
-def _check(ok: bool, at: str, name: str, msg: str) -> None:
-    if not ok:
-        raise ConfigError(f"{at}{name} {msg}")
+class Report:
+    """Collects the problems of one configuration as ``dotted.field message`` lines, so all are reported at once."""
+
+    def __init__(self, prefix: str = "", problems: list[str] | None = None) -> None:
+        self.prefix = prefix
+        self.problems: list[str] = [] if problems is None else problems
+
+    def require(self, ok: bool, name: str, msg: str) -> None:
+        """Record ``prefix + name + " " + msg`` unless ``ok``."""
+        if not ok:
+            self.problems.append(f"{self.prefix}{name} {msg}")
+
+    def add(self, name: str, problem: str | None) -> None:
+        """Record ``prefix + name + " " + problem`` when there is one (a rule of :mod:`klgrad.option_rules`)."""
+        if problem is not None:
+            self.problems.append(f"{self.prefix}{name} {problem}")
+
+    def section(self, name: str) -> Report:
+        """The report of section ``name`` (same list, names prefixed ``name.``)."""
+        return Report(f"{self.prefix}{name}.", self.problems)
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, include_extras=True)
+@functools.cache
+def _validator(cls: type = Config) -> Any:
+    """pydantic's validator of the config dataclass ``cls`` (built once per class, on first use)."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is Annotated:
-        base, *meta = args
-        if not any(isinstance(m, OrImportPath) for m in meta):
-            return _coerce(value, base, where)
-        if isinstance(value, str) and re.fullmatch(IMPORT_PATH, value):
-            return value
-        try:
-            return _coerce(value, base, where)
-        except ConfigError:
-            raise ConfigError(
-                f"{where} must be one of {list(get_args(base))} or 'package.module:name', got {value!r}"
-            ) from None
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
+def json_schema() -> dict[str, Any]:
+    """The JSON schema of a config file (draft 2020-12, from pydantic): every field with its type, default,
+    choices and doc, unknown keys refused. Shipped as ``configs/klgrad.schema.json`` for YAML editors."""
+    schema = _validator().json_schema()
+    schema["title"] = "klgrad config"
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def _suggest(word: Any, options: Any) -> str:
+    """``; did you mean 'beta'?`` for a near miss (difflib ratio ≥ 0.6), else ``""``."""
+    if not isinstance(word, str):
+        return ""
+    close = difflib.get_close_matches(word, [str(o) for o in options], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _type_at(loc: tuple) -> Any:
+    """The annotation of the field that ``loc`` (a pydantic location, list indices skipped) names."""
+    tp: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            tp = next((a for a in get_args(tp) if dataclasses.is_dataclass(a)), tp)  # list[RewardFnConfig]
+            continue
+        if not dataclasses.is_dataclass(tp):
             return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a, where)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{where} must not be null")
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{where} must be one of {list(args)}, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, where + ".")
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(value) != len(args):
-                raise ConfigError(f"{where} must have {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args, strict=True)))
-        return [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        try:
-            number = float(value)
-        except OverflowError:
-            raise ConfigError(f"{where} must be a finite number, got an integer of {len(str(value))} digits") from None
-        if number != number or number in (float("inf"), float("-inf")):
-            raise ConfigError(f"{where} must be finite, got {value!r}")
-        return number
-    if tp is str:
-        if not isinstance(value, str):
-            scalar = isinstance(value, int | float)  # bool included
-            hint = " (YAML read it as a number or boolean: quote it to keep it text)" if scalar else ""
-            raise ConfigError(f"{where} must be a string, got {value!r}{hint}")
-        return value
-    raise ConfigError(f"{where}: unsupported type {tp}")
+        tp = typing.get_type_hints(tp).get(part)
+    return tp
 
 
-def from_dict(cls: type, data: Any, at: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping; unknown keys and bad values raise ConfigError (dotted)."""
+def _fields_at(loc: tuple) -> list[str]:
+    """The field names of the config dataclass that ``loc`` points into."""
+    tp = _type_at(loc)
+    return [f.name for f in dataclasses.fields(tp)] if dataclasses.is_dataclass(tp) else []
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and len(str(abs(value))) > 30:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
+
+
+def _message(error: dict[str, Any]) -> str:
+    """One pydantic error as klgrad's ``dotted.field message`` (the wording of the hand-written checks it
+    replaced: "must be one of [...]", "is not a config field; allowed here: [...]")."""
+    loc = error["loc"]
+    where = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
+    where = where or "config"
+    kind, value, ctx = error["type"], error.get("input"), error.get("ctx") or {}
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        allowed = _fields_at(loc[:-1])
+        return f"{where} is not a config field; allowed here: {allowed}{_suggest(loc[-1], allowed)}"
+    if kind == "literal_error":
+        choices = [ast.literal_eval(c.strip()) for c in re.findall(r"'[^']*'|\d+", ctx.get("expected", ""))]
+        return f"{where} must be one of {choices}, got {_got(value)}{_suggest(value, choices)}"
+    if kind == "choice_or_import_path":
+        choices = ctx["expected"]
+        return f"{where} must be one of {choices} or 'package.module:name', got {_got(value)}{_suggest(value, choices)}"
+    if kind in ("int_type", "int_from_float", "int_parsing"):
+        return f"{where} must be an integer, got {_got(value)}"
+    if kind in ("float_type", "float_parsing"):
+        return f"{where} must be a number, got {_got(value)}"
+    if kind == "finite_number":
+        return f"{where} must be a finite number, got {_got(value)}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"{where} must be true or false, got {_got(value)}"
+    if kind == "string_type":
+        hint = (
+            " (YAML read it as a number or boolean: quote it to keep it text)" if isinstance(value, int | float) else ""
+        )
+        return f"{where} must be a string, got {_got(value)}{hint}"
+    if kind in ("dataclass_type", "dataclass_exact_type", "dict_type", "model_type"):
+        return f"{where} must be a mapping, got {type(value).__name__} {_got(value)}"
+    if kind in ("list_type", "tuple_type"):
+        return f"{where} must be a list, got {type(value).__name__} {_got(value)}"
+    if kind in ("too_long", "too_short"):
+        n = ctx.get("max_length") if kind == "too_long" else ctx.get("min_length")
+        return f"{where} must have {n} items, got {len(value)}"
+    if kind == "missing" and loc and isinstance(loc[-1], int):  # a short fixed-length list (optim.betas)
+        n = len(get_args(_type_at(loc[:-1])))
+        return f"{where.rpartition('[')[0]} must have {n} items, got {loc[-1]}"
+    return f"{where}: {error['msg']}"
+
+
+def _check_rules(cfg: Config) -> list[str]:
+    """Every value rule of every section; then, when each section is valid on its own, the rules across sections
+    (:meth:`Config.check`, which may divide by a section's value)."""
+    report = Report()
+    for f in dataclasses.fields(cfg):
+        getattr(cfg, f.name).check(report.section(f.name))
+    if not report.problems:
+        cfg.check(report)
+    return report.problems
+
+
+def parse_config(data: Any) -> Config:
+    """A nested mapping -> validated :class:`Config`; raises :class:`ConfigError` listing every problem: wrong
+    keys and types first (all of them, from pydantic); when the types are right, every value rule."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{at.rstrip('.') or 'config'} must be a mapping, got {type(data).__name__}")
-    hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        if key not in names:
-            raise ConfigError(f"{at}{key} is not a config field; allowed here: {names}")
-    kwargs = {k: _coerce(v, hints[k], f"{at}{k}") for k, v in data.items()}
-    obj = cls(**kwargs)
-    if hasattr(obj, "validate"):
-        obj.validate(at)
-    return obj
+        raise ConfigError(f"config must be a mapping of sections, got {type(data).__name__}")
+    data = {k: ({} if v is None else v) for k, v in data.items()}  # an empty YAML section is its defaults
+    from pydantic import ValidationError
+
+    try:
+        text = json.dumps(data, default=str)  # JSON mode: strict types, yet sections are given as mappings
+    except ValueError as e:  # a circular structure (YAML anchors)
+        raise ConfigError(f"config cannot be read: {e}") from None
+    try:
+        cfg = _validator().validate_json(text)
+    except ValidationError as e:
+        errors = e.errors()
+        problems = [_message(err) for err in errors]
+        # the sections without a type error still get their value rules checked, so one read reports them too
+        broken = {err["loc"][0] for err in errors if err["loc"]}
+        report = Report(problems=problems)
+        for f in dataclasses.fields(Config):
+            if f.name in data and f.name not in broken and isinstance(data[f.name], dict):
+                section = _validator(_type_at((f.name,))).validate_json(json.dumps(data[f.name], default=str))
+                section.check(report.section(f.name))
+        raise ConfigError.of(problems) from None
+    problems = _check_rules(cfg)
+    if problems:
+        raise ConfigError.of(problems)
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict:
@@ -620,9 +708,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"{p}: not valid YAML ({e})") from e
         if not isinstance(data, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of sections")
-    cfg = from_dict(Config, apply_overrides(data, overrides or {}))
-    cfg.validate()
-    return cfg
+    return parse_config(apply_overrides(data, overrides or {}))
 
 
 def parse_override_args(args: list[str]) -> dict[str, Any]:
@@ -649,7 +735,7 @@ def config_reference() -> str:
 
     def walk(cls: type, prefix: str) -> None:
         docs = field_docs(cls)
-        hints = _hints(cls)
+        hints = typing.get_type_hints(cls, include_extras=True)
         default_obj = cls()
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
@@ -683,13 +769,34 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+SCHEMA_FILE = "klgrad.schema.json"
+"""The JSON schema's file name beside the shipped configs; each names it on its first line
+(``# yaml-language-server: $schema=klgrad.schema.json``), so editors with a YAML language server complete and
+check fields (a config elsewhere names the schema's path or URL the same way)."""
+
+
+def schema_text() -> str:
+    """The JSON schema as written to ``klgrad/configs/klgrad.schema.json``."""
+    return json.dumps(json_schema(), indent=1, ensure_ascii=False) + "\n"
+
+
 def write_reference(path: str | Path = "docs/configuration.md") -> None:
-    """Regenerate the configuration reference (``python -m klgrad.config``)."""
+    """Regenerate the configuration reference and the configs' JSON schema (``python -m klgrad.config``)."""
     Path(path).write_text(
         "# Configuration reference\n\nGenerated from `src/klgrad/config.py` by `python -m klgrad.config`; "
         "a test fails when it drifts. Set fields in YAML sections or with dotted flags "
-        "(`klgrad train --kl.beta 0.1`).\n\n" + config_reference() + "\n",
+        "(`klgrad train --kl.beta 0.1`).\n\n"
+        "A config is checked as a whole: every wrong key, type and value is reported at once, one line each, "
+        "naming the dotted field (with a suggestion for a near miss: `kl.bta is not a config field; allowed here: "
+        "[...]; did you mean 'beta'?`). Editors with a YAML language server (VS Code's YAML extension, Neovim's "
+        "yamlls) complete and check fields from the JSON schema `src/klgrad/configs/klgrad.schema.json`, which "
+        "the shipped configs name on their first line: `# yaml-language-server: $schema=klgrad.schema.json`.\n\n"
+        + config_reference()
+        + "\n",
         encoding="utf-8",
+    )
+    (Path(str(importlib.resources.files("klgrad"))) / "configs" / SCHEMA_FILE).write_text(
+        schema_text(), encoding="utf-8"
     )
 
 

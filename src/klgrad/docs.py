@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import get_args
 
-from klgrad.choices import AGGREGATIONS, FORMS, LEVELS, PRESETS, RATIO_LEVELS, SHAPING_METHODS
+from klgrad.choices import AGGREGATIONS, FORMS, LEVELS, RATIO_LEVELS, SHAPING_METHODS, SHAPING_PRESETS
 from klgrad.kl import KL_HEADS, KLHead, Target
 
 NOTATION_TEXT: tuple[str, ...] = (
@@ -179,7 +179,7 @@ PRESET_TEXT: dict[str, str] = {
     "dr_grpo": "Dr. GRPO",
     "reinforce_pp_baseline": "REINFORCE++-baseline",
 }
-"""The algorithm each preset of :data:`klgrad.choices.PRESETS` is named after."""
+"""The algorithm each preset of :data:`klgrad.choices.SHAPING_PRESETS` is named after."""
 
 
 FIXED_POINTS_TEXT: tuple[str, ...] = (
@@ -265,17 +265,17 @@ def _bullets(text: dict[str, str], choices: tuple[str, ...]) -> str:
     return "\n".join(f"- `{c}`: {text[c]}" for c in choices)
 
 
-SHAPING_OPERATORS: tuple[str, ...] = tuple(m for m in SHAPING_METHODS if m not in PRESETS)
+SHAPING_OPERATORS: tuple[str, ...] = tuple(m for m in SHAPING_METHODS if m not in SHAPING_PRESETS)
 """The shaping operators; the other shaping methods are presets, chains of these."""
 
 
 def preset_bullets() -> str:
-    """One line per preset of :data:`klgrad.choices.PRESETS`: the algorithm's name and its operator chain."""
+    """One line per preset of :data:`klgrad.choices.SHAPING_PRESETS`: the algorithm's name and its operator chain."""
     text = {
-        name: f"{algo}: " + " then ".join(f"`{op}`" for op in PRESETS.get(name, ()))
+        name: f"{algo}: " + " then ".join(f"`{op}`" for op in SHAPING_PRESETS.get(name, ()))
         for name, algo in PRESET_TEXT.items()
     }
-    return _bullets(text, tuple(PRESETS))
+    return _bullets(text, tuple(SHAPING_PRESETS))
 
 
 def math_markdown() -> str:

@@ -9,7 +9,7 @@ any plain model folder, without klgrad or peft.
 - Full fine-tuning: the run's starting model with the checkpoint's ``policy.safetensors`` over it; the weights
   are copied bit for bit.
 - LoRA (``adapter.safetensors``): the adapter merged into the base weights, W + (α/r)·B·A
-  (:func:`klgrad.models.lora.load_lora_policy`); no adapter layers are left.
+  (:func:`klgrad.trainer.checkpoints.load_lora_policy`); no adapter layers are left.
 - ``config.json`` is the starting model's: training turns dropout off in the model's config
   (:func:`klgrad.models.disable_dropout`), and the export puts the base's dropout settings back, so nothing
   klgrad did for training is left in it. Only ``dtype`` may differ (below).
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
+from klgrad.choices import MODEL_DTYPES
 from klgrad.eval.models import find_checkpoint, load_checkpoint_policy, run_config
 from klgrad.models.dropout import _is_dropout_name
 from klgrad.models.factory import save_model_and_tokenizer
@@ -41,9 +42,6 @@ from klgrad.models.lora import ADAPTER_FILE
 _LOAD_ONLY_TOKENIZER_KEYS = ("is_local", "local_files_only")
 """What transformers 5 records in a loaded tokenizer's ``init_kwargs`` about how it was loaded (and would write to
 ``tokenizer_config.json``): not settings of the tokenizer, so not exported."""
-
-EXPORT_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-"""``--dtype`` choices (the ``model.dtype`` values a run can train in)."""
 
 
 @dataclass(frozen=True)
@@ -150,8 +148,8 @@ def export_model(source: str | Path, out: str | Path, *, dtype: str | None = Non
         FileExistsError: ``out`` exists and is not empty, without ``force``.
     """
     out = Path(out)
-    if dtype is not None and dtype not in EXPORT_DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: expected one of {', '.join(EXPORT_DTYPES)}")
+    if dtype is not None and dtype not in MODEL_DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: expected one of {', '.join(MODEL_DTYPES)}")
     run_dir, ckpt = locate_source(source)
     check_out(out, force=force, run_dir=run_dir)
     trained = run_config(run_dir).model.dtype
@@ -162,6 +160,6 @@ def export_model(source: str | Path, out: str | Path, *, dtype: str | None = Non
         tokenizer.init_kwargs.pop(key, None)
     set_generation_ids(model.generation_config, tokenizer)
     final = dtype or trained
-    model = model.to(getattr(torch, final)).eval()  # EXPORT_DTYPES are torch's names
+    model = model.to(getattr(torch, final)).eval()  # MODEL_DTYPES are torch's names
     path = save_model_and_tokenizer(model, tokenizer, out)
     return Exported(path, run_dir, ckpt, base, final, (ckpt / ADAPTER_FILE).is_file())

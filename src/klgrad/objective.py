@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from klgrad import option_rules as rules
 from klgrad.advantages import leave_one_out_scale, shape_rewards
 from klgrad.choices import (
     AGGREGATIONS,
@@ -101,32 +102,27 @@ class ObjectiveSpec:
                 get_kl_head(self.kl_head)  # a registered head, or a module:name imported now
             except ValueError as e:
                 raise ValueError(f"kl_head: {e}") from None
-        checks = [
-            (self.beta >= 0, "beta", "must be >= 0"),
-            (self.form in FORMS, "form", f"must be one of {FORMS}"),
-            (self.kl_level in LEVELS, "kl_level", f"must be one of {LEVELS}"),
-            (self.ratio_level in REWARD_RATIO_LEVELS, "ratio_level", f"must be one of {REWARD_RATIO_LEVELS}"),
-            (self.kl_ratio_level in RATIO_LEVELS, "kl_ratio_level", f"must be one of {RATIO_LEVELS}"),
-            (self.aggregation in AGGREGATIONS, "aggregation", f"must be one of {AGGREGATIONS}"),
-            (0 < self.clip_eps_low < 1, "clip_eps_low", "must be in (0, 1)"),
-            (self.clip_eps_high > 0, "clip_eps_high", "must be > 0"),
-            (self.dual_clip is None or self.dual_clip > 1, "dual_clip", "must be > 1 or None"),
-            (
-                self.kl_clip_eps is None or 0 < self.kl_clip_eps < 1,
-                "kl_clip_eps",
-                "must be in (0, 1) or None",
-            ),
-            (self.entropy_coef >= 0, "entropy_coef", "must be >= 0"),
-            (self.max_log_ratio > 0, "max_log_ratio", "must be > 0"),
-            (
-                not (self.form == "combined" and self.kl_level == "token"),
-                "kl_level",
-                "'token' is not a return: the combined form needs 'sequence' or 'token_to_go'",
-            ),
+        spec_rules = {  # field -> its rule in klgrad.option_rules
+            "beta": "beta",
+            "clip_eps_low": "clip_eps_low",
+            "clip_eps_high": "clip_eps_high",
+            "dual_clip": "dual_clip",
+            "kl_clip_eps": "kl_clip_eps",
+            "entropy_coef": "entropy_coef",
+            "max_log_ratio": "max_log_ratio",
+        }
+        problems = [(name, rules.problem(rule, getattr(self, name))) for name, rule in spec_rules.items()]
+        problems += [
+            ("form", rules.choice_problem(self.form, FORMS)),
+            ("kl_level", rules.choice_problem(self.kl_level, LEVELS)),
+            ("ratio_level", rules.choice_problem(self.ratio_level, REWARD_RATIO_LEVELS)),
+            ("kl_ratio_level", rules.choice_problem(self.kl_ratio_level, RATIO_LEVELS)),
+            ("aggregation", rules.choice_problem(self.aggregation, AGGREGATIONS)),
+            ("kl_level", rules.combined_level_problem(self.form, self.kl_level)),
         ]
-        for ok, name, msg in checks:
-            if not ok:
-                raise ValueError(f"{name} {msg}, got {getattr(self, name)!r}")
+        for name, problem in problems:
+            if problem is not None:
+                raise ValueError(f"{name} {problem}, got {getattr(self, name)!r}")
 
     @property
     def head(self) -> KLHead:
@@ -261,8 +257,9 @@ def combined_advantages(
     (G = 2 with group normalisation) or 0. The variance is not guaranteed lower than the sequence level's under
     a normalising shaper. ``logp`` is the *current* detached policy: recompute every epoch.
     """
-    if level == "token":
-        raise ValueError("level 'token' is not a return: the combined form needs 'sequence' or 'token_to_go'")
+    problem = rules.combined_level_problem("combined", level)
+    if problem is not None:
+        raise ValueError(f"level {problem}")
     head = get_kl_head(head)
     mask = mask.bool()
     coef = level_coefficients(head, logp, ref_logp, mask, level)  # (B, T), zero at padding
@@ -325,7 +322,6 @@ def policy_objective(
     num_sequences: int | None = None,
     num_tokens: int | float | None = None,
     mismatch_weights: Tensor | None = None,
-    behaviour_weights: Tensor | None = None,
 ) -> ObjectiveTerms:
     r"""loss = agg(w ⊙ reward head) + β·agg(KL head, decoupled only) - entropy_coef·agg(entropy).
 
@@ -340,12 +336,7 @@ def policy_objective(
             terms: the truncated importance weights of :func:`klgrad.rollout.mismatch.mismatch_weights` that
             correct for a rollout engine whose log-probs differ from the trainer's (TIS). The KL head is not
             reweighted (as in verl's TIS). None (default) = all ones: results unchanged.
-        behaviour_weights: the former name of ``mismatch_weights`` (an alias; give one or the other).
     """
-    if behaviour_weights is not None:
-        if mismatch_weights is not None:
-            raise ValueError("give mismatch_weights or its alias behaviour_weights, not both")
-        mismatch_weights = behaviour_weights
     mask = mask.bool()
     agg = dict(mode=spec.aggregation, num_sequences=num_sequences, num_tokens=num_tokens)
     pg_per_token = policy_gradient_loss(
@@ -362,7 +353,7 @@ def policy_objective(
     if mismatch_weights is not None:
         if mismatch_weights.shape != pg_per_token.shape:
             raise ValueError(
-                f"mismatch_weights (behaviour_weights) must have the shape of logp {tuple(pg_per_token.shape)}, "
+                f"mismatch_weights must have the shape of logp {tuple(pg_per_token.shape)}, "
                 f"got {tuple(mismatch_weights.shape)}"
             )
         w = torch.where(mask, mismatch_weights.detach().to(pg_per_token.dtype), 0.0)  # (B, T) padding never matters

@@ -63,6 +63,7 @@ except ImportError as err:  # pragma: no cover - exercised by a test that hides 
         "klgrad.integrations.trl needs TRL (>= 1.16), which is not installed: pip install 'klgrad[trl]'"
     ) from err
 
+from klgrad import option_rules as rules
 from klgrad.choices import FORMS, LEVELS, RATIO_LEVELS, SHAPING_METHODS, Form, Level, RatioLevel
 from klgrad.kl import KL_HEADS, KLHead, get_kl_head, kl_loss_per_sequence, level_coefficients
 from klgrad.objective import ObjectiveSpec, combined_advantages, objective_diagnostics
@@ -108,20 +109,19 @@ class KLGradTRLConfig:
             head_ok = False
         checks = [
             (head_ok, "head", f"must be a KLHead, one of {sorted(KL_HEADS)}, registered, or 'module:name'"),
-            (self.level in LEVELS, "level", f"must be one of {LEVELS}"),
-            (self.form in FORMS, "form", f"must be one of {FORMS}"),
-            (self.clip_eps is None or 0 < self.clip_eps < 1, "clip_eps", "must be in (0, 1) or None"),
-            (self.ratio_level in RATIO_LEVELS, "ratio_level", f"must be one of {RATIO_LEVELS}"),
             (isinstance(self.is_correction, bool), "is_correction", "must be a bool"),
             (self.shaping is None or self.shaping in SHAPING_METHODS, "shaping", f"must be one of {SHAPING_METHODS}"),
-            (self.std_min is None or self.std_min > 0, "std_min", "must be > 0 or None"),
-            (self.std_max is None or self.std_max > 0, "std_max", "must be > 0 or None"),
-            (
-                not (self.form == "combined" and self.level == "token"),
-                "level",
-                "'token' is not a return: the combined form needs 'sequence' or 'token_to_go'",
-            ),
         ]
+        problems = [
+            ("level", rules.choice_problem(self.level, LEVELS)),
+            ("form", rules.choice_problem(self.form, FORMS)),
+            ("ratio_level", rules.choice_problem(self.ratio_level, RATIO_LEVELS)),
+            ("clip_eps", rules.problem("kl_clip_eps", self.clip_eps)),
+            ("std_min", rules.problem("std_min", self.std_min)),
+            ("std_max", rules.problem("std_max", self.std_max)),
+            ("level", rules.combined_level_problem(self.form, self.level)),
+        ]
+        checks += [(problem is None, name, problem) for name, problem in problems]
         for ok, name, msg in checks:
             if not ok:
                 raise ValueError(f"KLGradTRLConfig.{name} {msg}, got {getattr(self, name)!r}")

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from klgrad.choices import IMPORT_PATH
+from klgrad.choices import ACCURACY_REWARDS, IMPORT_PATH
 from klgrad.data.tasks import final_number
 from klgrad.import_path import import_object
 from klgrad.rewards.accuracy import math_verify_reward
@@ -80,10 +80,6 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "final_number": final_number_reward,
     "format": format_reward,
 }
-
-ACCURACY_REWARDS: tuple[str, ...] = ("accuracy", "final_number")
-"""Built-in rewards that score correctness (0 or 1): evaluation reports the first one a run uses as its
-accuracy (``eval/greedy_accuracy``, ``eval/sampled_accuracy``) and the curves plot it."""
 
 
 def accuracy_reward_name(names: Iterable[str]) -> str | None:
