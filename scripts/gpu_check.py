@@ -65,8 +65,10 @@ REQUIREMENTS: dict[str, tuple[str, bool]] = {
     "tqdm": ("tqdm>=4.66", False),
     "tensorboard": ("tensorboard>=2.15", False),
     "scipy": ("scipy>=1.11", False),
+    "pydantic": ("pydantic>=2.7", False),
     "pytest": ("pytest>=8", False),
     "hypothesis": ("hypothesis>=6.100", False),
+    "jsonschema": ("jsonschema>=4", False),
     "psutil": ("psutil", False),  # accelerate's and peft's, fetched here because they are fetched without deps
     "huggingface_hub": ("huggingface_hub", False),
     "accelerate": ("accelerate>=1.0", True),
@@ -232,7 +234,7 @@ def _last_line(text: str) -> str:
 
 GPU_TESTS = "tests/test_gpu.py"
 """Where the GPU-marked tests live. The step names the file rather than collecting the whole suite: modules
-for optional integrations (test_integration_trl.py imports trl at the top) would fail collection on a GPU
+for optional integrations (tests/integrations/test_trl.py imports trl at the top) would fail collection on a GPU
 machine without them."""
 
 

@@ -458,7 +458,8 @@ def test_config_fuzz_always_raises_config_error_naming_the_field(case):
 
 @pytest.fixture(scope="module", autouse=True)
 def _report_case_counts():
-    """The fuzz case counts docs/reliability.md reports (``KLGRAD_RELIABILITY_COUNTS``; tests/case_counts.py)."""
+    """The fuzz case counts docs/reliability.md reports (``KLGRAD_RELIABILITY_COUNTS``;
+    tests/helpers/case_counts.py)."""
     yield
     report_counts()
 

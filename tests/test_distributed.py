@@ -2,7 +2,7 @@
 
 Same config and seed: the same sampled rewards at every step, the same clip fractions, the update statistics
 within float32 rounding of the forward and backward passes, policy weights within the AdamW step bound (see
-tests/tolerances.py for each derivation), and only rank 0 writes (one metrics line per step, one TensorBoard
+tests/helpers/tolerances.py for each derivation), and only rank 0 writes (one metrics line per step, one TensorBoard
 event file, one checkpoint set). The second case takes batch-level shaping, the combined form, two
 mini-batches of several micro-batches and two epochs, and is interrupted after step 2 and resumed.
 docs/distributed.md quotes the measured differences (``KLGRAD_DISTRIBUTED_REPORT=PATH`` writes them as JSON).

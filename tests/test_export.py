@@ -191,7 +191,7 @@ def test_eval_of_the_export_reproduces_the_runs_heldout_greedy_accuracy(which, r
 
     Full fine-tuning: the same weights bit for bit and the same computation, so the same tokens: equal. LoRA: the
     run sampled through the adapter's low-rank term, the export has it merged into W; their logits differ by
-    rounding (``merge_tol``), which can flip a greedy near-tie: equal up to one problem (tests/test_lora.py
+    rounding (``merge_tol``), which can flip a greedy near-tie: equal up to one problem (tests/models/test_lora.py
     allows the same for ``klgrad eval`` of a LoRA run directory)."""
     from klgrad.cli import main
 

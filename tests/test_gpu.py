@@ -5,7 +5,7 @@ test here is skipped when torch sees no CUDA GPU.
   in float32 and (where the GPU supports it) bfloat16;
 - klgrad's fast forward equals the transformers forward on CUDA, and the log-probs klgrad's sampler returns for
   the tokens it drew equal a teacher-forced transformers forward of the same tokens: in float32 within the
-  rounding bound the CPU tests use (tests/test_fast_forward.py), in bfloat16 within the bound of bf16 storage
+  rounding bound the CPU tests use (tests/models/test_fast_forward.py), in bfloat16 within the bound of bf16 storage
   with float32 accumulation (tolerances.stored_network_tol).
 """
 
@@ -24,8 +24,8 @@ from klgrad.rollout.encoding import encode_prompts
 from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR, loop
 from klgrad.trainer.record import read_jsonl
-from test_fast_forward import BOS, PAD, full_forward_logits, llama, qwen2
-from test_trainer_loop import small
+from tiny_llama import BOS, PAD, full_forward_logits, llama, qwen2
+from tiny_runs import small
 from tolerances import max_abs_logit, model_tol, model_tol_stored
 
 CUDA = "cuda"
@@ -65,8 +65,8 @@ def logit_tol(model, scale: float, dtype: torch.dtype) -> float:
 
 
 def small_run(tmp_path, **over):
-    """tests/test_trainer_loop.py's small run: 2 steps, evaluated at the start and the end only, an entropy bonus
-    so that every update has a gradient whatever the rewards, on the device ``model.device: auto`` picks."""
+    """The small run of tests/helpers/tiny_runs.py: 2 steps, evaluated at the start and the end only, an entropy
+    bonus so that every update has a gradient whatever the rewards, on the device ``model.device: auto`` picks."""
     base = {"model.device": "auto", "train.steps": 2, "train.eval_every": 0, "train.eval_objective_prompts": 0}
     return small(tmp_path, **{**base, "algo.entropy_coef": 0.01, **over})
 
@@ -146,7 +146,7 @@ def on_cuda(model, dtype, attn):
 @pytest.mark.parametrize(("dtype", "attn"), DTYPES)
 def test_fast_forward_equals_transformers_on_cuda(make, dtype, attn):
     """Prefill and six decode steps of left-padded prompts (Llama with grouped-query attention; Qwen2 with q/k/v
-    biases), as tests/test_fast_forward.py does on CPU, on the GPU's kernels."""
+    biases), as tests/models/test_fast_forward.py does on CPU, on the GPU's kernels."""
     model = on_cuda(make(), dtype, attn)
     prompts = torch.tensor([[PAD, PAD, BOS, 5, 6], [BOS, 7, 8, 9, 4], [PAD, BOS, 3, 3, 11]], device=CUDA)
     mask = prompts != PAD

@@ -354,7 +354,7 @@ def test_left_padded_equals_each_row_alone(tokenizer, name, temperature):
         logp, ent = sequence_logprobs(model, input_ids, mask, start, temperature, with_entropy=True)
         assert logp.shape == ent.shape == (len(PROMPTS), 3)
         assert not logp.requires_grad
-        # a padded batch vs each row alone: float32 rounding of two evaluations (tests/tolerances.py)
+        # a padded batch vs each row alone: float32 rounding of two evaluations (tests/helpers/tolerances.py)
         tol = logprob_tol(model, input_ids, mask, temperature)
         z = 2 * max_abs_logit(model, input_ids, mask) / temperature  # the logit range bounds dH/dz
         for i, (prompt, response) in enumerate(zip(*prompt_and_response_ids(tokenizer), strict=True)):
@@ -409,7 +409,7 @@ def test_micro_batching_changes_nothing(tokenizer, micro_batch_size):
         )
         mb_no_ent, none = sequence_logprobs(model, input_ids, mask, start, micro_batch_size=micro_batch_size)
     assert none is None
-    # the same rows in batches of another size: rounding of two evaluations (tests/tolerances.py)
+    # the same rows in batches of another size: rounding of two evaluations (tests/helpers/tolerances.py)
     tol = logprob_tol(model, input_ids, mask)
     torch.testing.assert_close(mb, full, rtol=0, atol=tol)
     torch.testing.assert_close(mb_ent, full_ent, rtol=0, atol=tol * 2 * max_abs_logit(model, input_ids, mask))
@@ -431,7 +431,7 @@ def test_model_without_logits_to_keep(tokenizer):
     with torch.no_grad():
         ref, _ = sequence_logprobs(model, input_ids, mask, start)
         got, _ = sequence_logprobs(Wrapped(model), input_ids, mask, start)
-    # all logits vs the kept ones only: the same rows, other matmul shapes (tests/tolerances.py)
+    # all logits vs the kept ones only: the same rows, other matmul shapes (tests/helpers/tolerances.py)
     torch.testing.assert_close(got, ref, rtol=0, atol=logprob_tol(model, input_ids, mask))
 
 

@@ -1,13 +1,13 @@
 """Reliability of runs: kill/resume bit-identity, torn checkpoints, non-finite steps, reward failure budget,
 untrusted files, extreme inputs, bad data through the CLI. docs/reliability.md states each guarantee and these
 figures; the config and dataset fuzzing it cites live with their modules' tests (tests/test_config.py,
-tests/test_data.py).
+tests/data/test_data.py).
 
 The slow part is ``python -m klgrad train`` started as a subprocess (about 4 s of imports each). Every such run
 (the *scenarios* below) is submitted to a two-worker pool when the module starts, so they run side by side and
 alongside the in-process tests; the tests that need one wait for its result. ``KLGRAD_RELIABILITY_COUNTS=PATH``
 writes the case counts (kill points, fuzz examples, bad inputs) to PATH as JSON at the end of the module
-(tests/case_counts.py).
+(tests/helpers/case_counts.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 from klgrad import __version__
 from klgrad.choices import ACCURACY_REWARDS, ENGINES, FRAMEWORKS, MODEL_DTYPES
 from klgrad.completion import SHELLS, completion_script
-from klgrad.experiments.reproduce import TARGETS
+from klgrad.reproduce.targets import TARGETS
 
 
 def _console():
@@ -55,8 +55,9 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument(
         "--penalty",
         default=None,
-        metavar="MODULE:FN",
-        help="also audit your own penalty psi(logp, ref_logp) (imported by name, never eval'd)",
+        metavar="MODULE:NAME",
+        help="also audit your own head, as kl.head takes it: a penalty psi(logp, ref_logp) or a KLHead (imported by "
+        "name, never eval'd)",
     )
     a.add_argument(
         "--framework",
@@ -160,7 +161,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad compare``: the paper's KL comparison as a grid of training runs (:mod:`klgrad.experiments.compare`)."""
+    """``klgrad compare``: the paper's KL comparison as a grid of training runs (:mod:`klgrad.compare.grid`)."""
     c = sub.add_parser(
         "compare",
         help="the paper's KL comparison: none, k1/k2/k3 as loss, k1 in reward; x seeds; with statistics",
@@ -202,8 +203,8 @@ GRID_KEYS = ("kl.head", "kl.beta", "kl.form", "kl.level", "train.seed", "train.o
 
 
 def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
+    from klgrad.compare.grid import METHODS, run_compare
     from klgrad.config import ConfigError, parse_override_args
-    from klgrad.experiments.compare import METHODS, run_compare
     from klgrad.runlock import RunLockedError
 
     methods = tuple(args.methods.split(",")) if args.methods else METHODS
@@ -252,7 +253,7 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     except (ValueError, RunLockedError) as e:
         print(f"klgrad compare: {e}", file=sys.stderr)
         return 2
-    from klgrad.experiments.compare import summary_markdown
+    from klgrad.compare.grid import summary_markdown
 
     _console().print(summary_markdown(summary))
     print(f"wrote {args.out}/comparison.png, frontier.png, summary.json, summary.md, runs/")
@@ -500,7 +501,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_regime_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad regime``: which regime a config's prompts are in (:mod:`klgrad.experiments.regime`)."""
+    """``klgrad regime``: which regime a config's prompts are in (:mod:`klgrad.compare.regime`)."""
     r = sub.add_parser(
         "regime",
         help="predict from the reference's own samples whether k2 or k3 holds the policy closer (sharpen/discover)",
@@ -520,8 +521,8 @@ def add_regime_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
+    from klgrad.compare.regime import run_regime
     from klgrad.config import load_config, parse_override_args
-    from klgrad.experiments.regime import run_regime
     from klgrad.runlock import RunLockedError, run_lock
 
     try:
@@ -545,7 +546,7 @@ def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 REPRODUCE_TARGETS: tuple[str, ...] = tuple(TARGETS)
-"""``klgrad reproduce`` names (:data:`klgrad.experiments.reproduce.TARGETS`)."""
+"""``klgrad reproduce`` names (:data:`klgrad.reproduce.targets.TARGETS`)."""
 
 
 def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:

@@ -20,7 +20,6 @@ The same problem also audits every framework's KL as that framework computes it 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,8 +37,7 @@ from klgrad.audit.tabular import (
 )
 from klgrad.choices import LEVELS
 from klgrad.fmt import fmt_num
-from klgrad.import_path import import_object
-from klgrad.kl import KL_HEADS, KLHead, custom_kl_head, kl_loss_per_sequence, masked_sum
+from klgrad.kl import KL_HEADS, KLHead, kl_loss_per_sequence, load_kl_head, masked_sum
 from klgrad.objective import combined_advantages, policy_gradient_loss
 from klgrad.plotting import pyplot, save
 
@@ -104,12 +102,15 @@ def make_problem(cfg: AuditConfig, ref_distance: float | None = None) -> AuditPr
     return AuditProblem(space, theta, theta + d * noise_ref, theta + cfg.behaviour_distance * noise_beh, rewards)
 
 
-def load_penalty(spec: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """Import ``module:function`` (no eval); the function is ψ(logp, ref_logp) -> elementwise tensor."""
-    fn = import_object(spec, "--penalty")
-    if not callable(fn):
-        raise ValueError(f"--penalty {spec!r} is not callable")
-    return fn
+def load_penalty(spec: str) -> KLHead:
+    """The head ``klgrad audit --penalty package.module:name`` audits: what ``kl.head: package.module:name`` trains
+    (:func:`klgrad.kl.load_kl_head`, imported by name, never eval'd), a penalty ψ(logp, ref_logp) made a head by
+    :func:`~klgrad.kl.custom_kl_head` or a :class:`~klgrad.kl.KLHead` as it is, so the audit's rows are of the very
+    head a run trains. Raises ValueError naming ``--penalty``."""
+    try:
+        return load_kl_head(spec)
+    except ValueError as e:
+        raise ValueError(f"--penalty: {e}") from None
 
 
 def _rel_error_zero_fallback(a: Tensor, b: Tensor, scale_if_zero: float) -> float:
@@ -251,7 +252,7 @@ def run_audit(cfg: AuditConfig, penalty: str | None = None) -> dict:
     """Everything the audit reports, as a JSON-ready dict."""
     heads: dict[str, KLHead] = {n: KL_HEADS[n] for n in AUDIT_HEADS}
     if penalty is not None:
-        heads[f"custom:{penalty}"] = custom_kl_head(load_penalty(penalty), name=f"custom:{penalty}")
+        heads[f"custom:{penalty}"] = load_penalty(penalty)
     problem = make_problem(cfg)
     sp = problem.space
     return dict(

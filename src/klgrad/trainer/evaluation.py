@@ -11,7 +11,7 @@ from torch import Tensor
 
 from klgrad.config import Config
 from klgrad.data.example import Example, examples_to_columns, repeat_columns
-from klgrad.experiments.exact_objective import exact_objective
+from klgrad.exact.objective import exact_objective
 from klgrad.kl import sequence_kl_estimates, sequence_log_ratio
 from klgrad.logprobs import sequence_logprobs
 from klgrad.rewards import accuracy_reward_name, compute_rewards
@@ -90,7 +90,7 @@ def reference_log_ratios(sampled: Rollout, ref, prompt_width: int, temperature: 
 
 def objective_on(policy, ref, tokenizer, examples: list[Example], specs, cfg: Config) -> dict:
     """The exact objective J_β of ``policy`` against ``ref`` on ``examples`` at β = ``kl.beta`` (every response
-    enumerated: :func:`~klgrad.experiments.exact_objective.exact_objective`), its optimum and KL(π‖π*)."""
+    enumerated: :func:`~klgrad.exact.objective.exact_objective`), its optimum and KL(π‖π*)."""
     return exact_objective(
         policy,
         ref,
@@ -116,7 +116,7 @@ def eval_objective_prompts(cfg: Config) -> int:
 
 
 def objective_metrics(obj: dict) -> dict[str, float]:
-    """The metrics-record keys of an :func:`~klgrad.experiments.exact_objective.exact_objective` result."""
+    """The metrics-record keys of an :func:`~klgrad.exact.objective.exact_objective` result."""
     return {
         "eval/J": obj["J"],
         "eval/J_star": obj["J_star"],

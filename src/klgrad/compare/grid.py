@@ -1,0 +1,608 @@
+"""``klgrad compare``: the paper's KL comparison as a grid of real training runs, with paired statistics.
+
+Methods (everything else equal, β shared): ``none``, ``k1_as_loss``, ``k2_as_loss``, ``k3_as_loss`` (the
+paper's four, decoupled form at the chosen level) and ``k1_in_reward`` (combined form; at level ``token`` it
+uses ``token_to_go``, the per-token return form, since a combined coefficient must be a return). Each (method, β,
+seed) is a ``klgrad train`` run in ``OUT/runs/``; finished runs are skipped and interrupted ones resumed.
+
+Per run the final numbers are: held-out greedy accuracy (last evaluation), the exact KL(π‖π_ref) on held-out
+prompts by prefix-tree enumeration (short-answer tasks; for longer answers the stepwise estimate
+:func:`~klgrad.exact.kl.stepwise_kl`, exact next-token KLs summed along policy samples, with its
+standard error), the sampled k1/k2/k3 estimates on the same prompts,
+and the mean over the last 10 steps of the training-batch log-prob gap, reward std within groups and KL. For
+short-answer tasks ``objective`` also gives, on the same prompts, the exact regularised objective J_β = E_π[R] −
+β·KL(π‖π_ref) of the final policy, its optimum J* and the policy's distance to it, KL(π‖π*) = (J* − J_β)/β, so
+methods are compared on the objective they all claim to optimise; each held-out evaluation during training
+logs the same (``eval/J``, ``eval/J_star``, ``eval/kl_to_optimum``).
+
+Design: runs of one seed draw the same prompts and the same sampling uniforms whatever their method
+(:func:`klgrad.trainer.prompt_indices`, :func:`klgrad.trainer.rollout_uniforms`), so the seed is a block and every
+prediction is decided on per-seed differences by a paired test, every tested hypothesis of one summary in one
+Holm family (:mod:`klgrad.compare.stats`), never by eye.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from klgrad.compare.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
+from klgrad.config import Config, load_config
+from klgrad.exact.kl import clustered_mean_se, sampled_kl_estimates, stepwise_kl, tree_kl
+from klgrad.exact.objective import PRUNE
+from klgrad.plotting import pyplot, save
+from klgrad.rewards import accuracy_reward_name
+from klgrad.runlock import run_lock
+from klgrad.trainer import load_data, read_jsonl, reference_path, reward_specs, train
+
+METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
+EQUIVALENCE_MARGIN = 0.1
+"""δ of "k1_as_loss ≈ none" in nats of final KL(π‖π_ref), stated before any run (``--margin``). A margin taken from
+the same runs, such as ½·|KL_none − KL_k2|, would judge runs by a margin they set: on the discovery task it comes
+to ±1 nat, as wide as the effect regularisation has there."""
+
+
+COLORS = {
+    "none": "#555555",
+    "k1_as_loss": "#9e9e9e",
+    "k2_as_loss": "#808000",
+    "k3_as_loss": "firebrick",
+    "k1_in_reward": "royalblue",
+}
+FINAL_KEYS = (
+    "greedy_accuracy",
+    "sampled_accuracy",
+    "exact_kl",
+    "stepwise_kl",
+    "sampled_k1",
+    "sampled_k2",
+    "sampled_k3",
+    "logp_gap",
+    "logp_gap_abs",
+    "reward_std_in_group",
+    "batch_kl_k1",
+    "reward_mean",
+    "J",
+    "J_star",
+    "kl_to_optimum",
+)
+KL_LABELS = {
+    "exact_kl": "exact",
+    "stepwise_kl": "sampled, Rao–Blackwellised",
+    "sampled_k1": "sampled k1",
+}
+OBJECTIVE_KEYS = ("J", "J_star", "kl_to_optimum")
+"""Final metrics read from a run's ``objective`` dict."""
+
+
+def final_value(run: dict, key: str):
+    """A run's final metric ``key``: top level, or inside ``objective`` for :data:`OBJECTIVE_KEYS` (None if
+    absent)."""
+    if key in OBJECTIVE_KEYS:
+        return (run.get("objective") or {}).get(key)
+    return run.get(key)
+
+
+def method_overrides(method: str, level: str, beta: float) -> dict:
+    """Config overrides that make one method of the comparison."""
+    if method == "none":
+        return {"kl.head": "none", "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    if method == "k1_in_reward":
+        return {
+            "kl.head": "k1_in_reward",
+            "kl.beta": beta,
+            "kl.form": "combined",
+            "kl.level": "token_to_go" if level == "token" else level,
+        }
+    if method in ("k1_as_loss", "k2_as_loss", "k3_as_loss"):
+        return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    if ":" in method:  # a user's head, package.module:name: in the reward when its style says so, else a loss
+        from klgrad.kl import get_kl_head
+
+        if get_kl_head(method).style == "in_reward":
+            return {**method_overrides("k1_in_reward", level, beta), "kl.head": method}
+        return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS} or a head's 'package.module:name'")
+
+
+@torch.no_grad()
+def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
+    """Exact KL (tree) and sampled k1/k2/k3 of the run's final policy vs its reference, held-out prompts.
+
+    The reference is the one the run was regularised towards at its end: the checkpoint's ``ref.safetensors``
+    when the run resets its reference (``kl.reset_ref_every``; the trainer saves it then), else the starting
+    model (a LoRA run's policy: the starting model with its final adapter merged). Both numbers are of
+    KL(π‖π_ref) between the full distributions at the sampling temperature, so the sampled estimates draw from
+    the full policy (no top-p); ``rollout.top_p < 1`` is refused with a KL head anyway
+    (:class:`klgrad.config.Config`), and the tree KL has no notion of truncation.
+
+    For short answers (``rollout.max_new_tokens`` ≤ 10) with β = ``kl.beta`` > 0 (every method of a comparison
+    has the grid's β, ``none`` included), ``objective`` holds the exact J_β, J* and KL(π‖π*) of the final policy
+    against the same reference on the same prompts (:func:`klgrad.exact.objective.exact_objective`;
+    one enumeration gives it and the exact KL).
+    """
+    from klgrad.models import load_model_and_tokenizer
+    from klgrad.rollout.encoding import encode_prompts, uses_chat
+    from klgrad.rollout.samplers import KlgradSampler
+    from klgrad.trainer.checkpoints import latest_checkpoint, load_lora_policy, load_weights
+    from klgrad.trainer.evaluation import objective_on, reference_log_ratios
+
+    model_dir = reference_path(cfg)
+    if cfg.model.lora_rank:  # a LoRA run: the base with the final adapter merged, against the base itself
+        policy, tok = load_lora_policy(run_dir, cfg)
+        ref, _ = load_model_and_tokenizer(model_dir)
+    else:
+        policy, tok = load_model_and_tokenizer(model_dir)
+        ref, _ = load_model_and_tokenizer(model_dir)
+        load_weights(latest_checkpoint(run_dir), policy, ref)  # the reference the run ended with
+    policy.eval()
+    ref.eval()
+    _, heldout = load_data(cfg)
+    prompts = [e.prompt for e in heldout[:n_prompts]]
+    ids, mask = encode_prompts(tok, prompts, chat=uses_chat(cfg.data.prompt_format, tok))
+    out: dict = {}
+    if cfg.rollout.max_new_tokens <= 10 and cfg.kl.beta > 0:  # short answers: the response tree is small
+        obj = objective_on(policy, ref, tok, heldout[:n_prompts], reward_specs(cfg), cfg)
+        out.update(exact_kl=obj["kl"], exact_kl_pruned_mass=obj["pruned_mass_max"], exact_kl_nodes=obj["nodes"])
+        out["objective"] = obj
+    elif cfg.rollout.max_new_tokens <= 10:  # β = 0: no objective to judge, the KL alone
+        rows = [ids[i][mask[i]].tolist() for i in range(len(prompts))]
+        tk = tree_kl(
+            policy,
+            ref,
+            rows,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            prune=PRUNE,
+        )
+        out.update(exact_kl=tk["kl"], exact_kl_pruned_mass=tk["pruned_mass"], exact_kl_nodes=tk["nodes"])
+    gen = torch.Generator().manual_seed(12345)
+    sampled = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(
+        policy,
+        ids,
+        mask,
+        group_size=samples,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        generator=gen,
+    )
+    log_ratios = reference_log_ratios(sampled, ref, ids.shape[1], cfg.rollout.temperature)  # (P·samples,)
+    out.update({f"sampled_{k}": v for k, v in sampled_kl_estimates(log_ratios).items()})
+    if "exact_kl" not in out:  # too long to enumerate: the Rao–Blackwellised estimate on the same samples
+        steps = stepwise_kl(
+            policy,
+            ref,
+            sampled.input_ids,
+            sampled.attention_mask,
+            ids.shape[1],
+            sampled.response_mask,
+            cfg.rollout.temperature,
+        )  # (P·samples,)
+        prompt_of = torch.arange(len(prompts)).repeat_interleave(samples)  # groups are contiguous
+        mean, se = clustered_mean_se(steps, prompt_of)
+        out.update(stepwise_kl=mean, stepwise_kl_se=se)
+        out["sampled_k1_se"] = clustered_mean_se(log_ratios.double(), prompt_of)[1]
+    return out
+
+
+def run_final_metrics(run_dir: Path) -> dict:
+    """Final numbers of one finished run from its files (see module docstring)."""
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    evals = [r for r in records if "eval/greedy_accuracy" in r]
+    tail = [r for r in records if "reward/mean" in r][-10:]
+
+    def tail_mean(k: str) -> float:
+        return sum(r[k] for r in tail) / len(tail)
+
+    return {
+        "greedy_accuracy": evals[-1]["eval/greedy_accuracy"],
+        "sampled_accuracy": evals[-1].get("eval/sampled_accuracy"),
+        "reference_greedy_accuracy": evals[0]["eval/greedy_accuracy"],
+        "logp_gap": tail_mean("kl/logp_gap"),
+        "logp_gap_abs": tail_mean("kl/logp_gap_abs"),
+        "reward_std_in_group": tail_mean("reward/std_in_group"),
+        "batch_kl_k1": tail_mean("kl/k1"),
+        "reward_mean": tail_mean("reward/mean"),
+    }
+
+
+def run_compare(
+    out_dir: Path,
+    *,
+    config: str | None = "configs/tiny_add.yaml",
+    seeds: int = 5,
+    steps: int = 60,
+    betas: tuple[float, ...] = (0.5,),
+    level: str = "token",
+    methods: tuple[str, ...] = METHODS,
+    exact_prompts: int = 20,
+    estimate_samples: int = 16,
+    progress: bool = True,
+    extra_overrides: dict | None = None,
+    keep_checkpoints: bool = True,
+    margin: float = EQUIVALENCE_MARGIN,
+) -> dict:
+    """Run (or resume) the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``.
+
+    Holds ``out_dir``'s lock (:mod:`klgrad.runlock`) from after the configs validate to the end, so a second
+    compare into the same folder fails at once with :class:`~klgrad.runlock.RunLockedError`; each run then takes
+    its own ``out_dir/runs/NAME`` lock inside :func:`~klgrad.trainer.train`. With ``keep_checkpoints=False`` a
+    run's ``checkpoints/`` is deleted once its ``final.json`` is written (a finished run is then still skipped).
+    """
+    grid = [(m, b, s) for b in betas for m in methods for s in range(seeds)]
+    base = {
+        "train.steps": steps,
+        "train.eval_every": max(1, steps // 3),
+        "train.save_every": steps,
+        "train.tensorboard": False,
+        **(extra_overrides or {}),
+    }
+    cfgs = {}
+    for m, b, s in grid:  # validate every config before running anything
+        run_dir = out_dir / "runs" / f"{m}-beta{b:g}-seed{s}"
+        cfgs[(m, b, s)] = load_config(
+            config, {**base, **method_overrides(m, level, b), "train.seed": s, "train.out_dir": str(run_dir)}
+        )
+    with run_lock(out_dir):  # one writer per output folder (creates it)
+        results = []
+        bar = tqdm(grid, desc="klgrad compare", disable=not progress, dynamic_ncols=True)
+        for m, b, s in bar:
+            cfg = cfgs[(m, b, s)]
+            run_dir = Path(cfg.train.out_dir)
+            bar.set_postfix(run=f"{m} β={b:g} seed {s}")
+            done = run_dir / "final.json"
+            if not done.is_file():
+                summary = run_dir / "summary.json"
+                finished = summary.is_file() and json.loads(summary.read_text()).get("steps") == steps
+                if not finished:
+                    train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
+                final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
+                done.write_text(json.dumps(final, indent=1))
+                if not keep_checkpoints:  # its numbers are in final.json; a real model's weights are GBs a run
+                    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+            results.append({"method": m, "beta": b, "seed": s, **json.loads(done.read_text())})
+        bar.close()
+        summary = summarize(results, methods, betas, level, steps, seeds, margin)
+        (out_dir / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
+        (out_dir / "summary.md").write_text(summary_markdown(summary))
+        plot_grid(out_dir, grid, methods, betas)
+        plot_frontier(results, out_dir / "frontier.png", methods)
+        return summary
+
+
+def paired_values(results: list[dict], a: str, b: str, beta: float, key: str) -> tuple[list[float], list[float]]:
+    """Values of ``key`` for methods ``a`` and ``b`` at ``beta``, paired by seed (seeds where both have one)."""
+
+    def by_seed(m: str) -> dict[int, float]:
+        return {
+            r["seed"]: final_value(r, key)
+            for r in results
+            if r["method"] == m and r["beta"] == beta and final_value(r, key) is not None
+        }
+
+    va, vb = by_seed(a), by_seed(b)
+    seeds = sorted(va.keys() & vb.keys())
+    return [va[s] for s in seeds], [vb[s] for s in seeds]
+
+
+PREDICTIONS: tuple[tuple[str, str, str, str, str], ...] = (
+    # (claim, kind, a, b, metric): "less" claims mean(a) < mean(b); "equivalent" claims a ≈ b. Metric "kl" is
+    # the summary's KL (exact when the tree can be enumerated, else the Rao–Blackwellised sampled estimate).
+    ("k1_as_loss ≈ none (no regularisation) on final KL", "equivalent", "k1_as_loss", "none", "kl"),
+    ("k2_as_loss keeps KL below k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "kl"),
+    ("k2_as_loss keeps the log-prob gap below k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "logp_gap"),
+    (
+        "k2_as_loss has lower reward std within groups than k3_as_loss",
+        "less",
+        "k2_as_loss",
+        "k3_as_loss",
+        "reward_std_in_group",
+    ),
+    # beyond the paper: heads with the exact reverse-KL gradient end closer to the optimum π* ∝ π_ref·e^{R/β} of
+    # J_β than the biased k3 surrogate and than no KL (exact KL(π‖π*) on held-out prompts)
+    ("k1_in_reward ends closer to π* than k3_as_loss", "less", "k1_in_reward", "k3_as_loss", "kl_to_optimum"),
+    ("k1_in_reward ends closer to π* than none", "less", "k1_in_reward", "none", "kl_to_optimum"),
+    ("k2_as_loss ends closer to π* than k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "kl_to_optimum"),
+    ("k2_as_loss ends closer to π* than none", "less", "k2_as_loss", "none", "kl_to_optimum"),
+)
+"""The predictions ``klgrad compare`` decides: the paper's four, then ours on the distance to the optimum (for
+k2_as_loss the exact reverse-KL gradient holds at sequence and token_to_go level only; at token level, GRPO's,
+it is a per-step surrogate, so that claim is tested there too but is not the theory's)."""
+
+
+def prediction_tests(results: list[dict], methods, beta: float, kl_key: str, margin: float = EQUIVALENCE_MARGIN):
+    """The paired test of each prediction whose methods are in the grid, with the unpaired Welch test beside it.
+
+    The equivalence claim "k1_as_loss ≈ none" is a paired TOST with the stated ``margin`` δ (nats of KL):
+    "k1_as_loss's final KL is within ±δ of no KL's".
+    """
+    tests = []
+    for claim, kind, a, b, metric in PREDICTIONS:
+        if not {a, b} <= set(methods):
+            continue
+        key = kl_key if metric == "kl" else metric
+        xa, xb = paired_values(results, a, b, beta, key)
+        if len(xa) < 2:
+            continue
+        if kind == "equivalent":
+            test = paired_equivalent(xa, xb, margin)
+            welch = welch_equivalent(xa, xb, margin)
+        else:
+            test = paired_less(xa, xb)
+            welch = welch_less(xa, xb)
+        tests.append(
+            {
+                "claim": claim,
+                "metric": key,
+                "a": a,
+                "b": b,
+                **test,
+                "welch": {"test": welch["test"], "p_value": welch["p_value"], "verdict": welch["verdict"]},
+            }
+        )
+    return tests
+
+
+def kl_metric(results: list[dict]) -> str:
+    """The summary's KL(π‖π_ref): ``exact_kl`` (tree enumeration) when every run has it, else ``stepwise_kl``
+    (Rao–Blackwellised samples) when every run has it, else the sampled k1."""
+    for key in ("exact_kl", "stepwise_kl"):
+        if results and all(r.get(key) is not None for r in results):
+            return key
+    return "sampled_k1"
+
+
+def summarize(
+    results: list[dict], methods, betas, level: str, steps: int, seeds: int, margin: float = EQUIVALENCE_MARGIN
+) -> dict:
+    """Per (method, β): mean ± 95% CI of every final metric; the paper's predictions at the first β."""
+    table: dict = {}
+    for b in betas:
+        for m in methods:
+            rows = [r for r in results if r["method"] == m and r["beta"] == b]
+            table[f"{m}@{b:g}"] = {
+                k: dict(zip(("mean", "ci95"), mean_ci([final_value(r, k) for r in rows]), strict=True))
+                for k in FINAL_KEYS
+                if rows and all(final_value(r, k) is not None for r in rows)
+            }
+    b = betas[0]
+    kl_key = kl_metric(results)
+    preds = decide(prediction_tests(results, methods, b, kl_key, margin))
+    return {
+        "level": level,
+        "steps": steps,
+        "seeds": seeds,
+        "betas": list(betas),
+        "kl_metric": kl_key,
+        "table": table,
+        "predictions": preds,
+    }
+
+
+def plain_answer(summary: dict) -> list[str]:
+    """A few plain sentences: how far each method ended from the reference, and what each prediction got."""
+    b = summary["betas"][0]
+    key = summary["kl_metric"]
+    label = f"KL(π‖π_ref), {KL_LABELS[key]}"
+    kls = []
+    for name, row in summary["table"].items():
+        method, beta = name.rsplit("@", 1)
+        if float(beta) == b and key in row:
+            kls.append((row[key]["mean"], method))
+    opt = []
+    for name, row in summary["table"].items():
+        method, beta = name.rsplit("@", 1)
+        if float(beta) == b and "kl_to_optimum" in row:
+            opt.append((row["kl_to_optimum"]["mean"], method))
+    out = []
+    if kls:
+        ranked = ", ".join(f"{m} {v:.3f}" for v, m in sorted(kls))
+        out.append(
+            f"**Distance to the reference** (final {label} on held-out prompts, mean over seeds, β = {b:g}, "
+            f"closest first): {ranked}."
+        )
+    if opt:
+        ranked = ", ".join(f"{m} {v:.3f}" for v, m in sorted(opt))
+        out.append(
+            f"**Distance to the optimum** π* ∝ π_ref·exp(R/β) of J_β = E[R] − β·KL (exact KL(π‖π*), closest "
+            f"first): {ranked}."
+        )
+    out.append("")
+    for p in summary["predictions"]:
+        lo, hi = p["ci95"]
+        d = (
+            f"mean difference {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}], {p['a']} below {p['b']} in "
+            f"{p['n_negative']} of {p['n_pairs']} seeds, paired p = {p['p_adjusted']:.3g} (Holm)"
+        )
+        if p["verdict"] == "opposite":
+            what = (
+                "**the opposite holds**: they differ"
+                if p["kind"] == "equivalent"
+                else f"**the opposite holds**: {p['b']} ends lower than {p['a']}"
+            )
+        elif p["verdict"] == "supported":
+            what = "**supported**"
+        else:
+            what = "**not resolved at this sample size**"
+        out.append(f"- *{p['claim']}* ({p['metric']}): {what}; {d}.")
+    return out
+
+
+def summary_markdown(summary: dict) -> str:
+    lines = [
+        f"# klgrad compare — level `{summary['level']}`, {summary['steps']} steps, {summary['seeds']} seeds",
+        "",
+        *plain_answer(summary),
+        "",
+        "## Final metrics",
+        "",
+        "Mean ± 95% CI over seeds (t interval).",
+        "",
+        "| method @ β | greedy acc. | exact KL | stepwise KL | sampled k1 | sampled k3 | log-prob gap | "
+        "reward std in group | "
+        "J_β | KL to optimum |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(row: dict, k: str) -> str:
+        if k not in row:
+            return "—"
+        m, h = row[k]["mean"], row[k]["ci95"]
+        return f"{m:.4f} ± {h:.4f}"
+
+    for name, row in summary["table"].items():
+        lines.append(
+            f"| {name} | {cell(row, 'greedy_accuracy')} | {cell(row, 'exact_kl')} | {cell(row, 'stepwise_kl')} | "
+            f"{cell(row, 'sampled_k1')} | {cell(row, 'sampled_k3')} | {cell(row, 'logp_gap')} | "
+            f"{cell(row, 'reward_std_in_group')} | {cell(row, 'J')} | {cell(row, 'kl_to_optimum')} |"
+        )
+    lines += [
+        "",
+        "J_β = E_π[R] − β·KL(π‖π_ref) and KL to optimum = KL(π‖π*) = (J* − J_β)/β, exact on the held-out prompts "
+        "(short answers; J* is the best J_β any policy reaches).",
+        "",
+        "## The predictions",
+        "",
+        "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test, "
+        "p Holm-adjusted over every tested hypothesis (an equivalence claim brings two: TOST and difference); exact "
+        "sign-flip p and the unpaired Welch p for comparison.",
+        "",
+        "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p | Welch p | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in summary["predictions"]:
+        lo, hi = p["ci95"]
+        margin = f" (margin ±{p['margin']:.3g})" if "margin" in p else ""
+        lines.append(
+            f"| {p['claim']}{margin} | {p['metric']} | {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+            f"{p['n_negative']}/{p['n_pairs']} | {p['p_adjusted']:.3g} | {p['p_sign_flip']:.3g} | "
+            f"{p['welch']['p_value']:.3g} | **{p['verdict']}** |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+PANELS = (
+    ("reward/mean", "reward"),
+    ("reward/accuracy", "accuracy"),
+    ("loss/kl", "KL loss"),
+    ("kl/logp_gap", "log-prob diff mean(l − r)"),
+    ("response/length", "response length"),
+    ("entropy", "entropy"),
+    ("reward/std_in_group", "reward std within groups"),
+    ("loss/policy", "policy loss"),
+    ("kl/k1", "sequence KL (k1)"),
+)
+
+
+EVAL_PANELS = (
+    ("eval/kl_to_optimum", "held-out KL(π‖π*) to the optimum of J_β (exact)"),
+    ("eval/exact_kl", "held-out KL(π‖π_ref) (exact)"),
+    ("eval/greedy_accuracy", "held-out greedy accuracy"),
+)
+"""Panels of the held-out evaluations (every ``train.eval_every`` steps), drawn as points joined by lines."""
+
+
+def _run_records(out_dir: Path, method: str, beta: float, seeds: list[int]) -> list[list[dict]]:
+    return [read_jsonl(out_dir / "runs" / f"{method}-beta{beta:g}-seed{s}" / "metrics.jsonl") for s in seeds]
+
+
+def plot_grid(out_dir: Path, grid, methods, betas) -> None:
+    """The paper's panel layout (training batches: mean over seeds with a ±1 sd band, one colour per method,
+    first β) and a row of held-out evaluations: distance to the optimum π*, to the reference, accuracy."""
+    plt = pyplot()
+    import numpy as np
+
+    b = betas[0]
+    fig, axes = plt.subplots(4, 3, figsize=(14, 13))
+    drawn: set[int] = set()  # panels that got data
+    for m in methods:
+        seeds = [s for mm, bb, s in grid if mm == m and bb == b]
+        if not seeds:
+            continue
+        runs = _run_records(out_dir, m, b, seeds)
+        series = [[r for r in rs if "reward/mean" in r] for rs in runs]
+        n = min(len(s) for s in series)
+        steps = [r["step"] for r in series[0][:n]]
+        logged = {k.removeprefix("reward/") for r in series[0][:1] for k in r}
+        accuracy_key = "reward/" + (accuracy_reward_name(logged) or "accuracy")  # the task's accuracy reward
+        for i, (ax, (key, label)) in enumerate(zip(axes.flat[:9], PANELS, strict=True)):
+            key = accuracy_key if key == "reward/accuracy" else key
+            if any(r.get(key) is not None for s in series for r in s[:n]):
+                drawn.add(i)
+            y = np.array([[r[key] if r.get(key) is not None else np.nan for r in s[:n]] for s in series])
+            k = max(1, n // 25)  # light smoothing for readability (moving average over k steps)
+            kernel = np.ones(k) / k
+            mean = np.convolve(np.nanmean(y, 0), kernel, mode="valid")
+            sd = np.convolve(np.nanstd(y, 0), kernel, mode="valid")
+            xs = steps[k - 1 :]
+            ax.plot(xs, mean, color=COLORS.get(m), lw=1.6, label=m)
+            ax.fill_between(xs, mean - sd, mean + sd, color=COLORS.get(m), alpha=0.15)
+            ax.set_title(label, fontsize=10)
+            ax.grid(alpha=0.3)
+        for ax, (key, label) in zip(axes.flat[9:], EVAL_PANELS, strict=True):
+            evals = [{r["step"]: r[key] for r in rs if r.get(key) is not None} for rs in runs]
+            common = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
+            if common:
+                drawn.add(9 + EVAL_PANELS.index((key, label)))
+                y = np.array([[e[t] for t in common] for e in evals])  # (seeds, evals)
+                ax.errorbar(
+                    common, y.mean(0), yerr=y.std(0), color=COLORS.get(m), marker="o", ms=4, lw=1.4, capsize=3, label=m
+                )
+            ax.set_title(label, fontsize=10)
+            ax.set_xlabel("step", fontsize=8)
+            ax.grid(alpha=0.3)
+    for i, ax in enumerate(axes.flat):
+        if i not in drawn:  # e.g. the exact panels of a model whose vocabulary is too large to enumerate
+            ax.cla()
+            ax.set_title(ax.get_title() or (PANELS + EVAL_PANELS)[i][1], fontsize=10)
+            ax.text(0.5, 0.5, "not measured in these runs", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+    for ax in (axes.flat[0], axes.flat[9]):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(
+        f"klgrad compare — mean over seeds ± 1 sd (β = {b:g}); training panels smoothed by a moving average; "
+        "bottom row: held-out evaluations",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    save(fig, out_dir / "comparison.png", dpi=110)
+
+
+def plot_frontier(results: list[dict], path: Path, methods) -> None:
+    """Final KL to the reference vs final held-out greedy accuracy: one point per run."""
+    plt = pyplot()
+
+    key = kl_metric(results)
+    markers = ["o", "s", "^", "D", "v", "P"]
+    betas = sorted({r["beta"] for r in results})
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    for m in methods:
+        for j, b in enumerate(betas):
+            rs = [r for r in results if r["method"] == m and r["beta"] == b]
+            ax.scatter(
+                [r[key] for r in rs],
+                [r["greedy_accuracy"] for r in rs],
+                color=COLORS.get(m),
+                marker=markers[j % len(markers)],
+                s=45,
+                alpha=0.85,
+                label=f"{m} β={b:g}" if len(betas) > 1 else m,
+            )
+    ref_acc = results[0].get("reference_greedy_accuracy") if results else None
+    if ref_acc is not None:
+        ax.axhline(ref_acc, color="black", ls=":", lw=1, label="reference")
+    ax.set_xlabel(f"final KL(π‖π_ref) on held-out prompts ({KL_LABELS[key]})")
+    ax.set_ylabel("final held-out greedy accuracy")
+    ax.set_title("Reward–KL frontier (one point per run)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save(fig, path, dpi=120)

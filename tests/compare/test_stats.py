@@ -1,0 +1,166 @@
+"""Statistics: CIs against textbook values; verdicts on synthetic data with a known answer."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from klgrad.compare.stats import (
+    NOT_SUPPORTED,
+    OPPOSITE,
+    SUPPORTED,
+    UNRESOLVED,
+    decide,
+    holm,
+    mean_ci,
+    paired_differences,
+    paired_equivalent,
+    paired_less,
+    paired_t_p,
+    sign_flip_p,
+    welch_equivalent,
+    welch_less,
+)
+
+
+def test_mean_ci_matches_the_t_table():
+    # n = 3, sd = 1, t_{0.975, 2} = 4.302653: half-width = 4.302653 / sqrt(3)
+    m, h = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0
+    assert h == pytest.approx(4.302653 / 3**0.5, rel=1e-6)
+    assert mean_ci([5.0])[1] != mean_ci([5.0])[1]  # NaN for one value
+
+
+def draws(mu: float, n: int, seed: int, sd: float = 1.0) -> list[float]:
+    rng = random.Random(seed)
+    return [rng.gauss(mu, sd) for _ in range(n)]
+
+
+def test_ordering_verdicts_on_known_data():
+    assert welch_less(draws(0, 20, 1), draws(3, 20, 2))["verdict"] == SUPPORTED
+    assert welch_less(draws(3, 20, 1), draws(0, 20, 2))["verdict"] == NOT_SUPPORTED
+    assert welch_less(draws(0, 3, 1), draws(0.1, 3, 2))["verdict"] == UNRESOLVED
+
+
+def test_false_positive_rate_is_near_alpha():
+    hits = sum(welch_less(draws(0, 8, s), draws(0, 8, s + 10_000))["verdict"] == SUPPORTED for s in range(400))
+    assert 0.02 < hits / 400 < 0.09  # one-sided α = 0.05 under the null
+
+
+def test_equivalence_verdicts_on_known_data():
+    assert welch_equivalent(draws(0, 40, 1, 0.1), draws(0.01, 40, 2, 0.1), margin=0.2)["verdict"] == SUPPORTED
+    assert welch_equivalent(draws(0, 20, 1, 0.1), draws(1, 20, 2, 0.1), margin=0.2)["verdict"] == NOT_SUPPORTED
+    assert welch_equivalent(draws(0, 3, 1), draws(0.2, 3, 2), margin=0.1)["verdict"] == UNRESOLVED
+
+
+def test_degenerate_samples():
+    assert welch_less([1.0, 1.0], [2.0, 2.0])["verdict"] == SUPPORTED
+    assert welch_less([1.0, 1.0], [1.0, 1.0])["verdict"] == UNRESOLVED
+
+
+# ----------------------------------------------------------------------------------------------------------
+# paired tests
+
+
+def test_paired_t_on_the_issue_example():
+    # k2 - k3 exact KL per seed from a default `klgrad compare` (0.191-0.136, 0.268-0.218, 0.269-0.225).
+    # With 2 degrees of freedom the t distribution has a closed form: two-sided p = 1 - t/sqrt(t^2 + 2).
+    d = paired_differences([0.191, 0.268, 0.269], [0.136, 0.218, 0.225])
+    m = sum(d) / 3
+    t = m / (math.sqrt(sum((x - m) ** 2 for x in d) / 2) / math.sqrt(3))
+    assert paired_t_p(d, "two-sided") == pytest.approx(1 - t / math.sqrt(t * t + 2), rel=1e-9)
+    assert paired_t_p(d, "two-sided") == pytest.approx(0.0041, abs=5e-5)
+    # The unpaired Welch test on the same six numbers cannot see it (the seed-to-seed spread dominates).
+    assert welch_less([0.136, 0.218, 0.225], [0.191, 0.268, 0.269])["p_value"] > 0.1
+
+
+def test_sign_flip_p_counts_the_patterns_exactly():
+    # d = (1, 2, 3): the sign patterns with sum >= 6 are only (+,+,+): p = 1/8; two-sided: (+,+,+) and (-,-,-).
+    assert sign_flip_p([1.0, 2.0, 3.0], "greater") == 1 / 8
+    assert sign_flip_p([1.0, 2.0, 3.0], "two-sided") == 2 / 8
+    assert sign_flip_p([1.0, 2.0, 3.0], "less") == 1.0
+    # d = (1, -1): sums 0, 2, -2, 0 -> P(|sum| >= 0) = 1
+    assert sign_flip_p([1.0, -1.0], "two-sided") == 1.0
+    assert sign_flip_p([0.5] * 6, "two-sided") == 2 / 64  # the smallest two-sided value for n = 6
+
+
+def test_holm_matches_the_textbook_example():
+    # Holm (1979) step-down: sorted p (0.01, 0.02, 0.03, 0.5) -> (0.04, 0.06, 0.06, 0.5)
+    assert holm([0.03, 0.5, 0.01, 0.02]) == pytest.approx([0.06, 0.5, 0.04, 0.06])
+    assert holm([0.2, float("nan")])[0] == 0.2  # NaN is not part of the family
+
+
+def test_paired_verdicts_supported_opposite_unresolved():
+    base = draws(0, 8, 1, sd=5.0)  # a large seed effect shared by both arms (the block)
+    lower = [x - 1 + e for x, e in zip(base, draws(0, 8, 2, sd=0.1), strict=True)]
+    same = [x + e for x, e in zip(base, draws(0, 8, 3, sd=1.0), strict=True)]
+    tests = [paired_less(lower, base), paired_less(base, lower), paired_less(same, base)]
+    verdicts = [t["verdict"] for t in decide(tests)]
+    assert verdicts == [SUPPORTED, OPPOSITE, UNRESOLVED]
+    assert all("paired" in t["test"] for t in tests)
+    assert welch_less(lower, base)["verdict"] == UNRESOLVED  # unpaired, the seed effect hides the shift
+
+
+def test_paired_equivalence_verdicts():
+    base = draws(0, 10, 4, sd=5.0)
+    near = [x + e for x, e in zip(base, draws(0, 10, 5, sd=0.01), strict=True)]
+    far = [x + 1 + e for x, e in zip(base, draws(0, 10, 6, sd=0.01), strict=True)]
+    got = decide([paired_equivalent(near, base, 0.1), paired_equivalent(far, base, 0.1)])
+    assert [t["verdict"] for t in got] == [SUPPORTED, OPPOSITE]
+    with pytest.raises(ValueError, match="margin"):
+        paired_equivalent(near, base, 0.0)
+
+
+def test_paired_false_positive_rate_is_near_alpha():
+    # Under the null (no shift), a two-sided paired t-test at 0.05 rejects 5% of the time in either direction;
+    # 400 trials: binomial sd 1.1%, so [2%, 9%] holds with probability > 0.999.
+    hits = 0
+    for s in range(400):
+        base = draws(0, 6, s, sd=3.0)
+        other = [x + e for x, e in zip(base, draws(0, 6, s + 10_000), strict=True)]
+        hits += decide([paired_less(other, base)])[0]["verdict"] != UNRESOLVED
+    assert 0.02 < hits / 400 < 0.09
+
+
+def test_zero_variance_differences_get_the_exact_sign_flip_p():
+    # Two seeds with the same difference: t would be infinite (p = 0), but 2 of the 4 equally likely sign
+    # patterns are as extreme, so p = 0.5 and nothing is decided.
+    assert paired_t_p([0.3, 0.3], "two-sided") == 0.5
+    assert paired_t_p([0.3, 0.3], "greater") == 0.25
+    assert paired_t_p([0.3, 0.3], "less") == 1.0
+    assert paired_t_p([0.2, 0.2], "less", shift=0.2) == 1.0  # d = shift exactly: no evidence either way
+    got = decide([paired_less([1.0, 2.0], [1.3, 2.3])])[0]
+    assert got["p_value"] == 0.5
+    assert got["verdict"] == UNRESOLVED
+    # Six equal differences: 2/64 < 0.05, as the sign-flip test itself would say.
+    assert decide([paired_less([0.0] * 6, [0.5] * 6)])[0]["verdict"] == SUPPORTED
+    # TOST with equal differences inside the margin: each one-sided sign-flip p is 2^-n.
+    assert paired_equivalent([0.01] * 3, [0.0] * 3, margin=0.1)["p_value"] == 1 / 8
+
+
+def test_one_holm_family_holds_both_hypotheses_of_an_equivalence_claim():
+    """m counts the equivalence claim twice; its difference p is adjusted by the same step-down, not apart."""
+    tests = [
+        {"kind": "less", "p_value": 0.004, "mean_difference": -1.0},
+        {"kind": "equivalent", "p_value": 0.9, "p_difference": 0.012, "mean_difference": 0.5},
+    ]
+    got = decide(tests)
+    # family (0.004, 0.9, 0.012): Holm → 0.012, 0.9, max(0.012, 2·0.012) = 0.024
+    assert got[0]["p_adjusted"] == pytest.approx(0.012)
+    assert got[0]["verdict"] == SUPPORTED
+    assert got[1]["p_adjusted"] == pytest.approx(0.9)
+    assert got[1]["p_difference_adjusted"] == pytest.approx(0.024)
+    assert got[1]["verdict"] == OPPOSITE
+    # With a third, weaker ordering claim the difference's rank moves: (0.004, 0.9, 0.012, 0.03) → 0.016,
+    # 0.9, 0.036, 0.06: still opposite, and the weak claim is not resolved.
+    got = decide([*tests, {"kind": "less", "p_value": 0.03, "mean_difference": -1.0}])
+    assert got[1]["p_difference_adjusted"] == pytest.approx(0.036)
+    assert got[2]["p_adjusted"] == pytest.approx(0.06)
+    assert got[2]["verdict"] == UNRESOLVED
+
+
+def test_paired_samples_must_have_one_value_per_seed():
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired_differences([1.0, 2.0], [1.0])

@@ -1,0 +1,558 @@
+"""klgrad.integrations.trl against the real TRL GRPOTrainer (CPU, offline, the embedded tiny model).
+
+(a) klgrad configured as TRL's own KL gives TRL's loss and gradient; (b) klgrad's heads inside TRL give klgrad
+core's gradient on the same tensors; (c) a real ``train()`` logs klgrad's metrics. Run with ``-s`` to see the
+measured max abs differences (quoted in docs/trl.md).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from torch import Tensor
+from trl import GRPOConfig, GRPOTrainer
+
+from klgrad import combined_advantages, kl_loss_per_sequence, policy_gradient_loss, shape_rewards
+from klgrad.data.tasks import make_splits
+from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, aggregate_like_trl
+from klgrad.models import load_model_and_tokenizer
+from tolerances import gamma, llama_depth, network_tol, sum_tol
+
+pytestmark = pytest.mark.numerics
+
+BETA = 0.5
+GROUP = 4
+TERM = 3.0
+"""Bound on a per-token loss term |A·ρ| + β·|k| in these batches (group-normalised |A| ≤ (G−1)/√G = 1.5)."""
+LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")
+LEVEL_NAMES = ("sequence", "token_to_go", "token")
+
+
+def partial_credit(prompts: list[str], completions: list[str], answer: list[str], **_: object) -> list[float]:
+    """1 for the exact answer, else half the share of answer characters in place: rewards vary within a group."""
+    return [
+        1.0 if c == a else 0.5 * sum(x == y for x, y in zip(c, a, strict=False)) / len(a)
+        for c, a in zip(completions, answer, strict=True)
+    ]
+
+
+class Recorder:
+    """A reward function that remembers what it returned (the raw R of the last batch)."""
+
+    def __init__(self) -> None:
+        self.last: list[float] = []
+        self.__name__ = "recorded_partial_credit"
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: object) -> list[float]:
+        self.last = partial_credit(prompts, completions, **columns)
+        return self.last
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def offline() -> object:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("TRANSFORMERS_OFFLINE", "1")
+        yield
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, offline: object) -> Path:
+    path = tmp_path_factory.mktemp("trl") / "tiny_addition"
+    shutil.copytree(Path(str(files("klgrad") / "assets" / "tiny_addition")), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def dataset() -> Dataset:
+    train, _ = make_splits("addition", 16, 0, seed=0)
+    # the tiny model was fine-tuned on "<bos>" + prompt; TRL tokenizes the text as given
+    return Dataset.from_list([{"prompt": "<bos>" + e.prompt, "answer": e.answer} for e in train])
+
+
+def make_trainer(
+    cls: type[GRPOTrainer],
+    model: torch.nn.Module,
+    tokenizer: object,
+    dataset: Dataset,
+    out: Path,
+    *,
+    reward: object = partial_credit,
+    klgrad_config: KLGradTRLConfig | None = None,
+    **args: object,
+) -> GRPOTrainer:
+    base = {
+        "output_dir": str(out),
+        "per_device_train_batch_size": 2 * GROUP,
+        "num_generations": GROUP,
+        "max_completion_length": 6,
+        "beta": BETA,
+        "bf16": False,
+        "use_cpu": True,
+        "use_vllm": False,
+        "report_to": "none",
+        "save_strategy": "no",
+        "gradient_checkpointing": False,
+        "logging_steps": 1,
+        "seed": 0,
+    }
+    config = GRPOConfig(**{**base, **args})
+    extra = {} if klgrad_config is None else {"klgrad_config": klgrad_config}
+    return cls(
+        model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, **extra
+    )
+
+
+@pytest.fixture(scope="module")
+def setup(model_dir: Path, dataset: Dataset, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A policy moved away from the reference (so the KL and its gradient are not 0), one scored batch and a
+    behaviour policy o = l + 0.2·noise (importance ratios around 1, some beyond the 0.2 clip).
+
+    TRL's forward returns float32 log-probs whatever the model's dtype, so the model stays float32; gradients are
+    compared w.r.t. those log-probs (absolute) and w.r.t. the parameters (relative to their largest entry).
+    """
+    model, tokenizer = load_model_and_tokenizer(model_dir, attn_implementation="eager")
+    out = tmp_path_factory.mktemp("trl_out")
+    trl_trainer = make_trainer(GRPOTrainer, model, tokenizer, dataset, out)  # builds the reference from disk
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    rows = [dataset[0]] * GROUP + [dataset[1]] * GROUP
+    torch.manual_seed(1)
+    inputs = trl_trainer._generate_and_score_completions(rows)
+    with torch.no_grad():
+        logp = policy_logps(trl_trainer, model, inputs)
+    old = logp + 0.2 * torch.randn_like(logp)
+    return {"model": model, "tokenizer": tokenizer, "out": out, "rows": rows, "inputs": inputs, "old": old}
+
+
+def params(model: torch.nn.Module) -> list[Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+class Grads:
+    """Gradients of one loss w.r.t. the per-token log-probs TRL's forward produced (B, L) and the parameters."""
+
+    def __init__(self, logp: Tensor, params: Tensor) -> None:
+        self.logp, self.params = logp, params
+
+    def diff(self, other: Grads) -> tuple[float, float]:
+        """(max |Δ| of the log-prob gradients, max |Δ| of the parameter gradients relative to their max)."""
+        rel = (self.params - other.params).abs().max() / self.params.abs().max()
+        return max_abs(self.logp, other.logp), float(rel)
+
+
+def grads_of(loss_fn: object, model: torch.nn.Module) -> tuple[float, Grads]:
+    """Run ``loss_fn()`` (one forward of ``model``); its value and gradients. The log-probs are caught by a
+    forward hook on the model (TRL's forward returns them as ``log_probs``)."""
+    seen: list[Tensor] = []
+    handle = model.register_forward_hook(lambda module, args, output: seen.append(output.log_probs))
+    try:
+        loss = loss_fn()
+    finally:
+        handle.remove()
+    assert len(seen) == 1
+    g_logp, *g_params = torch.autograd.grad(loss, [seen[0], *params(model)])
+    return float(loss.detach()), Grads(g_logp, torch.cat([g.reshape(-1) for g in g_params]))
+
+
+def loss_and_grad(trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict) -> tuple[float, Grads]:
+    """The trainer's loss on ``inputs`` and its gradients."""
+    return grads_of(lambda: trainer.compute_loss(model, inputs), model)
+
+
+def check(label: str, *, d_logp: float, d_param: float, **exact: float) -> None:
+    """Print the measured differences (quoted in docs/trl.md) and assert the tolerances derived below.
+
+    Both sides differentiate the same forward's log-probs, so only the loss arithmetic differs: per token ≤ 10
+    roundings of terms |A·ρ| + β·|k| ≤ TERM = 3, and a mean over ≤ 48 tokens. Loss (and advantages) of two such
+    computations differ by ≤ 2·γ_58·TERM ≈ 2.1e-5; ∂loss/∂logp per token by ≤ 2·γ_10·TERM ≈ 3.6e-6; parameter
+    gradients, the backward of those through the 4-layer model, by its rounding bound relative to their largest
+    entry (2·network_tol(2·(8·4 + 2), 512, 1) ≈ 2.2e-3).
+    """
+    parts = [f"max |Δ{name}| {value:.1e}" for name, value in exact.items()]
+    parts += [f"max |Δ∂loss/∂logp| {d_logp:.1e}", f"parameter gradients max |Δ|/max|g| {d_param:.1e}"]
+    print(f"\n{label}: " + ", ".join(parts))
+    for name, value in exact.items():
+        assert value <= 2 * sum_tol(58, TERM), name
+    assert d_logp <= 2 * gamma(10) * TERM
+    assert d_param <= 2 * network_tol(2 * llama_depth(4), 512, 1.0)
+
+
+def max_abs(a: Tensor, b: Tensor) -> float:
+    return float((a - b).abs().max())
+
+
+def policy_logps(trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict) -> Tensor:
+    """TRL's forward: per-token log-probs of the completions, (B, T), with gradient."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    logp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attention, inputs["completion_ids"].size(1))
+    return logp
+
+
+def set_mode(trainers: list[GRPOTrainer], model: torch.nn.Module, train: bool) -> None:
+    """Eval, or training mode inside an accumulation window of 2 (what Trainer's loop sets)."""
+    model.train(train)
+    for t in trainers:
+        t.current_gradient_accumulation_steps = 2
+
+
+# ----------------------------------------------------------------------------------------------------------
+# packaging and configuration
+
+
+def test_import_klgrad_does_not_import_trl() -> None:
+    code = "import sys, klgrad, klgrad.integrations; assert 'trl' not in sys.modules, 'trl imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_missing_trl_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now raises ImportError
+    monkeypatch.delitem(sys.modules, "klgrad.integrations.trl")
+    with pytest.raises(ImportError, match=r"pip install 'klgrad\[trl\]'"):
+        import klgrad.integrations.trl  # noqa: F401
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"head": "k4"}, "head"),
+        ({"level": "tokens"}, "level"),
+        ({"form": "mixed"}, "form"),
+        ({"clip_eps": 1.5}, "clip_eps"),
+        ({"ratio_level": "batch"}, "ratio_level"),
+        ({"shaping": "zscore"}, "shaping"),
+        ({"std_min": 0.0}, "std_min"),
+        ({"std_max": -1.0}, "std_max"),
+        ({"form": "combined", "level": "token"}, "level"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=rf"KLGradTRLConfig\.{field} "):
+        KLGradTRLConfig(**kwargs)
+
+
+def test_trainer_rejects_settings_it_cannot_honour(setup: dict, dataset: Dataset) -> None:
+    model, tok, out = setup["model"], setup["tokenizer"], setup["out"]
+    combined = KLGradTRLConfig("k1_in_reward", "sequence", "combined")
+    with pytest.raises(ValueError, match=r"KLGradTRLConfig\.shaping"):
+        make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, klgrad_config=combined, scale_rewards="batch")
+    with pytest.raises(ValueError, match=r"multi_objective_aggregation"):
+        make_trainer(
+            KLGradGRPOTrainer,
+            model,
+            tok,
+            dataset,
+            out,
+            klgrad_config=combined,
+            multi_objective_aggregation="normalize_then_sum",
+        )
+    with pytest.warns(UserWarning, match=r"beta is 0"):
+        make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, beta=0.0)
+
+
+def test_trl_parser_reads_the_klgrad_config_from_yaml_and_flags(tmp_path: Path) -> None:
+    """TRL's own TrlParser builds KLGradTRLConfig beside GRPOConfig from a recipe YAML and command-line flags (a
+    field typed ``str | KLHead`` made argparse call KLHead('k3_as_loss') and fail)."""
+    from trl import TrlParser
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(
+        f"output_dir: {tmp_path / 'out'}\nuse_cpu: true\nbf16: false\nhead: k3_as_loss\nlevel: token\nclip_eps: 0.1\n"
+    )
+    parser = TrlParser(dataclass_types=[GRPOConfig, KLGradTRLConfig])
+    _, cfg = parser.parse_args_and_config(["--config", str(recipe), "--head", "k1_in_reward", "--form", "combined",
+                                           "--level", "token_to_go"])  # fmt: skip
+    assert cfg == KLGradTRLConfig("k1_in_reward", "token_to_go", "combined", clip_eps=0.1)
+    assert cfg.kl_head.name == "k1_in_reward"
+
+
+def test_the_plugin_and_the_config_share_the_kl_options() -> None:
+    """One schema: the KL-head options the TRL plug-in takes are the config's ``kl.*`` fields, same names, types
+    and defaults; and each refuses a value the same rule refuses, with the same words."""
+    import dataclasses
+    import typing
+
+    from klgrad.config import ConfigError, KLConfig, load_config
+
+    shared = ("head", "level", "form", "clip_eps", "ratio_level", "is_correction")
+    trl_fields = {f.name: f for f in dataclasses.fields(KLGradTRLConfig)}
+    kl_fields = {f.name: f for f in dataclasses.fields(KLConfig)}
+    trl_hints, kl_hints = typing.get_type_hints(KLGradTRLConfig), typing.get_type_hints(KLConfig)
+    for name in shared:
+        assert trl_fields[name].default == kl_fields[name].default, name
+        if name != "head":  # the config's head also takes 'package.module:name' (Annotated); TRL's is str for TrlParser
+            assert trl_hints[name] == kl_hints[name], name
+    for kwargs in ({"clip_eps": 1.5}, {"form": "combined", "level": "token"}):
+        with pytest.raises(ValueError, match="KLGradTRLConfig") as trl_error:
+            KLGradTRLConfig(**kwargs)
+        with pytest.raises(ConfigError) as config_error:
+            load_config(None, {f"kl.{k}": v for k, v in kwargs.items()})
+        rule = config_error.value.problems[0].split(" ", 1)[1]  # 'kl.clip_eps <rule>' -> '<rule>'
+        assert rule in str(trl_error.value)
+
+
+def test_aggregate_like_trl_hand_values() -> None:
+    # totals S = [2, 6], token counts n = [1, 3], B = 2, L = 4, N = 8 tokens, G = 2 accumulation steps, S_gen = 1
+    totals = torch.tensor([2.0, 6.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1]])
+    kw = {"num_items_in_batch": 8.0, "max_completion_length": 4, "steps_per_generation": 1, "num_processes": 1}
+    expect = {
+        "grpo": (2 / 1 + 6 / 3) / 2 / 2,  # mean_i S_i / n_i, / G
+        "bnpo": 8 / 4 / 2,  # Σ S / Σ n / G
+        "dr_grpo": 8 / (2 * 4) / 2,  # Σ S / (B L) / G
+        "dapo": 8 / (8 * 2 / 1),  # Σ S / (N / P · G / S_gen)
+        "luspo": (2 + 6) / 2 / 2,  # mean_i S_i / G
+    }
+    for loss_type, value in expect.items():
+        got = aggregate_like_trl(totals, mask, loss_type, accumulation_steps=2, train=True, **kw)
+        assert float(got) == pytest.approx(value, abs=1e-15), loss_type
+    assert float(aggregate_like_trl(totals, mask, "dapo", accumulation_steps=2, train=False, **kw)) == 1.0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (a) parity with TRL's own KL
+
+
+def parity_cases(inputs: dict, old: Tensor) -> list[tuple[bool, str, dict]]:
+    """(training mode?, loss_type, batch): dapo in eval and training, on- and off-policy; other loss types
+    off-policy in training (their aggregation is also checked by hand in test_aggregate_like_trl_hand_values)."""
+    off = {**inputs, "old_per_token_logps": old}
+    cases = [(train, "dapo", batch) for train in (False, True) for batch in (inputs, off)]
+    return cases + [(True, loss_type, off) for loss_type in LOSS_TYPES if loss_type != "dapo"]
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_trl_choice_reproduces_trl_loss(setup: dict, dataset: Dataset, bias_correction: bool) -> None:
+    """TRL's KL is per-token k3 as loss, optionally times an unclipped token importance ratio ρ (bias correction).
+
+    use_bias_correction_kl=False: klgrad k3_as_loss, token level, decoupled, is_correction=False gives TRL's
+    loss and gradient, on- and off-policy. True: TRL's term ρ·k3 has value k3 on-policy (so the loss equals
+    klgrad's k3 configuration) but gradient ρ(∇k3 + k3∇l) = ρ·u·∇l: klgrad's k2_as_loss at token level with a
+    token ratio and no clip. Its gradient is not k3's: the test checks that too.
+    """
+    model, tok, out, inputs = setup["model"], setup["tokenizer"], setup["out"], setup["inputs"]
+    trl = make_trainer(GRPOTrainer, model, tok, dataset, out, use_bias_correction_kl=bias_correction)
+    k3_cfg = KLGradTRLConfig("k3_as_loss", "token", "decoupled", is_correction=False)
+    k2_cfg = KLGradTRLConfig("k2_as_loss", "token", "decoupled", clip_eps=None, ratio_level="token")
+    k3 = make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, klgrad_config=k3_cfg)
+    k2 = make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, klgrad_config=k2_cfg)
+    loss_diff, grad_diff, param_diff, k3_gap = 0.0, 0.0, 0.0, 0.0
+    for train, loss_type, batch in parity_cases(inputs, setup["old"]):
+        set_mode([trl, k3, k2], model, train)
+        for t in (trl, k3, k2):
+            t.loss_type = loss_type
+        trl_loss, trl_grads = loss_and_grad(trl, model, batch)
+        assert math.isfinite(trl_loss)
+        same_value = not bias_correction or "old_per_token_logps" not in batch  # TRL's value: ρ·k3
+        if same_value:
+            k3_loss, k3_grads = loss_and_grad(k3, model, batch)
+            loss_diff = max(loss_diff, abs(trl_loss - k3_loss))
+        twin = loss_and_grad(k2, model, batch)[1] if bias_correction else k3_grads
+        d_logp, d_param = trl_grads.diff(twin)
+        grad_diff, param_diff = max(grad_diff, d_logp), max(param_diff, d_param)
+        if bias_correction and same_value:
+            k3_gap = max(k3_gap, trl_grads.diff(k3_grads)[0])
+    model.eval()
+    check(f"(a) use_bias_correction_kl={bias_correction}", loss=loss_diff, d_logp=grad_diff, d_param=param_diff)
+    if bias_correction:
+        print(f"    TRL's vs klgrad k3_as_loss's ∂loss/∂logp: max |Δ| {k3_gap:.1e} (they differ, as they must)")
+        assert k3_gap > 1e-4
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (b) parity with klgrad core
+
+
+def test_k2_decoupled_matches_kl_loss(setup: dict, dataset: Dataset) -> None:
+    """loss = [Σ_i,t PG_it + β Σ_i KL_i] / N (dapo, eval), with klgrad's policy_gradient_loss and kl_loss on TRL's
+    log-probs and advantages; every level on-policy, and off-policy (clip 0.2) with both ratio levels."""
+    model, tok, out, inputs, old = setup["model"], setup["tokenizer"], setup["out"], setup["inputs"], setup["old"]
+    model.eval()
+    mask = inputs["completion_mask"].bool()
+    adv = inputs["advantages"][:, None].expand(mask.shape)  # (B, T)
+    n_items = float(inputs["num_items_in_batch"])
+    plain = make_trainer(GRPOTrainer, model, tok, dataset, out)
+
+    def core_loss(level: str, ratio_level: str, behaviour: Tensor | None) -> Tensor:
+        logp = policy_logps(plain, model, inputs)  # (B, T)
+        pg = policy_gradient_loss(logp, adv, mask, old_logp=behaviour, clip_eps_low=0.2, clip_eps_high=0.2)
+        kl = kl_loss_per_sequence(
+            "k2_as_loss", logp, inputs["ref_per_token_logps"], mask,
+            old_logp=behaviour, level=level, clip_eps=0.2, ratio_level=ratio_level,
+        )  # fmt: skip
+        return (pg.sum() + BETA * kl.sum()) / n_items
+
+    cases = [(level, "sequence", None) for level in LEVEL_NAMES]
+    cases += [(level, ratio_level, old) for level in LEVEL_NAMES for ratio_level in ("sequence", "token")]
+    grad_diff = param_diff = 0.0
+    seen: dict[tuple[str, str, bool], Grads] = {}
+    for level, ratio_level, behaviour in cases:
+        cfg = KLGradTRLConfig("k2_as_loss", level, "decoupled", clip_eps=0.2, ratio_level=ratio_level)
+        ours = make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, klgrad_config=cfg)
+        batch = inputs if behaviour is None else {**inputs, "old_per_token_logps": behaviour}
+        _, grads = loss_and_grad(ours, model, batch)
+        _, core = grads_of(lambda: core_loss(level, ratio_level, behaviour), model)  # noqa: B023 (called now)
+        d_logp, d_param = grads.diff(core)
+        grad_diff, param_diff = max(grad_diff, d_logp), max(param_diff, d_param)
+        seen[(level, ratio_level, behaviour is None)] = grads
+    check(f"(b) k2_as_loss decoupled vs klgrad core ({len(cases)} cases)", d_logp=grad_diff, d_param=param_diff)
+    for ratio_level, on_policy in (("sequence", True), ("sequence", False), ("token", False)):  # level is wired
+        by_level = [seen[(level, ratio_level, on_policy)] for level in LEVEL_NAMES]
+        assert min(a.diff(b)[0] for i, a in enumerate(by_level) for b in by_level[i + 1 :]) > 1e-4
+
+
+@pytest.mark.parametrize("level", ["sequence", "token_to_go"])
+def test_k1_in_reward_combined_matches_combined_advantages(setup: dict, dataset: Dataset, level: str) -> None:
+    """TRL's advantages become combined_advantages(R, k1_in_reward, l_gen, r, m, β, level, G, grpo), (B, T), and the
+    loss gradient is klgrad's policy gradient with them."""
+    model, tok, out = setup["model"], setup["tokenizer"], setup["out"]
+    model.eval()
+    recorder = Recorder()
+    cfg = KLGradTRLConfig("k1_in_reward", level, "combined")
+    ours = make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, reward=recorder, klgrad_config=cfg)
+    torch.manual_seed(2)
+    batch = ours._generate_and_score_completions(setup["rows"])
+    mask = batch["completion_mask"].bool()
+    rewards = torch.tensor(recorder.last)  # (B,) raw R
+    with torch.no_grad():
+        logp_gen = policy_logps(ours, model, batch)
+    core_adv = combined_advantages(
+        rewards, "k1_in_reward", logp_gen, batch["ref_per_token_logps"], mask,
+        beta=BETA, level=level, group_size=GROUP, method="grpo",
+    )  # fmt: skip
+    adv_diff = max_abs(batch["advantages"], core_adv)
+    no_kl = torch.where(mask, shape_rewards(rewards, GROUP, "grpo")[:, None], 0.0)
+    assert batch["advantages"].shape == mask.shape
+    assert max_abs(batch["advantages"], no_kl) > 1e-3  # β·C really entered the advantages
+
+    n_items = float(batch["num_items_in_batch"])
+    _, grads = loss_and_grad(ours, model, batch)
+    _, core = grads_of(
+        lambda: policy_gradient_loss(policy_logps(ours, model, batch), core_adv, mask).sum() / n_items, model
+    )
+    d_logp, d_param = grads.diff(core)
+    check(f"(b) k1_in_reward combined {level}", advantage=adv_diff, d_logp=d_logp, d_param=d_param)
+
+
+def test_combined_std_min_std_max_pass_through(setup: dict, dataset: Dataset) -> None:
+    """std_min / std_max reach combined_advantages: with std_min = 10 (above any group std of R - β·C here, so it
+    binds) TRL's advantages equal klgrad core's with the same bounds and differ from the unclipped ones."""
+    model, tok, out = setup["model"], setup["tokenizer"], setup["out"]
+    model.eval()
+    recorder = Recorder()
+    cfg = KLGradTRLConfig("k1_in_reward", "sequence", "combined", std_min=10.0, std_max=20.0)
+    ours = make_trainer(KLGradGRPOTrainer, model, tok, dataset, out, reward=recorder, klgrad_config=cfg)
+    torch.manual_seed(2)
+    batch = ours._generate_and_score_completions(setup["rows"])
+    mask = batch["completion_mask"].bool()
+    rewards = torch.tensor(recorder.last)  # (B,) raw R
+    with torch.no_grad():
+        logp_gen = policy_logps(ours, model, batch)
+
+    def core(**bounds: float) -> torch.Tensor:
+        return combined_advantages(
+            rewards, "k1_in_reward", logp_gen, batch["ref_per_token_logps"], mask,
+            beta=BETA, level="sequence", group_size=GROUP, method="grpo", **bounds,
+        )  # fmt: skip
+
+    assert max_abs(batch["advantages"], core(std_min=10.0, std_max=20.0)) < 1e-6
+    assert max_abs(batch["advantages"], core()) > 1e-3  # std_min binds
+
+
+# ----------------------------------------------------------------------------------------------------------
+# (c) a real train()
+
+
+@pytest.mark.parametrize(
+    ("cfg", "trl_args", "expected"),
+    [
+        (
+            KLGradTRLConfig("k2_as_loss", "sequence", "decoupled"),
+            {"num_iterations": 2},  # off-policy: TRL keeps old log-probs, klgrad clips the KL head
+            ("kl/k1", "kl/k2", "kl/k3", "kl/logp_gap", "kl/logp_gap_abs", "loss/kl", "clip/kl_frac"),
+        ),
+        (
+            KLGradTRLConfig("k1_in_reward", "token_to_go", "combined"),
+            {},
+            ("kl/k1", "kl/k2", "kl/k3", "kl/logp_gap", "kl/reward_penalty"),
+        ),
+    ],
+    ids=["k2-decoupled-offpolicy", "k1-combined-token_to_go"],
+)
+def test_train_logs_klgrad_metrics(
+    model_dir: Path, dataset: Dataset, tmp_path: Path, cfg: KLGradTRLConfig, trl_args: dict, expected: tuple
+) -> None:
+    model, tok = load_model_and_tokenizer(model_dir, attn_implementation="eager")
+    trainer = make_trainer(
+        KLGradGRPOTrainer,
+        model,
+        tok,
+        dataset,
+        tmp_path,
+        klgrad_config=cfg,
+        max_steps=3,
+        learning_rate=3e-3,
+        **trl_args,
+    )
+    trainer.train()
+    steps = [rec for rec in trainer.state.log_history if "loss" in rec]
+    assert len(steps) == 3
+    for rec in steps:
+        for key in expected:
+            assert key in rec, (key, rec)
+            assert math.isfinite(rec[key]), (key, rec)
+        assert "kl" not in rec  # TRL's own KL term is off: the KL is counted once, as klgrad's
+    assert steps[-1]["kl/k3"] > 0  # the policy moved away from the reference
+
+
+TRL_PRESETS = {  # audit preset id -> the GRPOConfig that selects it
+    "trl/grpo-k3": {"use_bias_correction_kl": False},
+    "trl/grpo-k3-bias-correction": {"use_bias_correction_kl": True},
+    "trl/grpo-k3-bias-correction-gspo": {"use_bias_correction_kl": True, "importance_sampling_level": "sequence"},
+}
+
+
+@pytest.mark.parametrize("preset_id", list(TRL_PRESETS))
+def test_audit_presets_are_trls_own_kl(setup: dict, dataset: Dataset, preset_id: str) -> None:
+    """The GRPO presets of ``klgrad audit --framework trl`` against TRL itself on the same tensors: with zero
+    advantages TRL's loss is β·(its per-token KL, token-mean over the batch, loss_type "bnpo"), so the preset's
+    per-token term aggregated the same way must give TRL's loss and its gradient w.r.t. the log-probs, on- and
+    off-policy. Tolerances: ``check``'s (the same arithmetic, other operation order)."""
+    from klgrad.audit.frameworks import select
+
+    (preset,) = [p for p in select("trl") if p.id == preset_id]
+    model, tok, out, inputs = setup["model"], setup["tokenizer"], setup["out"], setup["inputs"]
+    trl = make_trainer(GRPOTrainer, model, tok, dataset, out, **TRL_PRESETS[preset_id])
+    trl.loss_type = "bnpo"
+    set_mode([trl], model, False)
+    loss_diff, grad_diff = 0.0, 0.0
+    for batch in ({**inputs}, {**inputs, "old_per_token_logps": setup["old"]}):
+        batch["advantages"] = torch.zeros_like(batch["advantages"])
+        trl_loss, trl_grads = loss_and_grad(trl, model, batch)
+        logp = policy_logps(trl, model, batch).detach().requires_grad_(True)
+        mask = batch["completion_mask"].to(logp.dtype)
+        old = batch.get("old_per_token_logps", logp.detach())
+        term = preset.token_kl(logp, batch["ref_per_token_logps"], old, batch["completion_mask"].bool())  # (B, T)
+        ours = BETA * (term * mask).sum() / mask.sum()
+        (g_logp,) = torch.autograd.grad(ours, logp)
+        loss_diff = max(loss_diff, abs(float(ours) - trl_loss))
+        trl_g = trl_grads.logp[:, -logp.shape[1] :]  # the forward's log-probs cover prompt and completion
+        grad_diff = max(grad_diff, max_abs(g_logp * mask, trl_g * mask))
+    print(f"\naudit preset {preset.variant!r} vs TRL: max |Δloss| {loss_diff:.1e}, max |Δ∂loss/∂logp| {grad_diff:.1e}")
+    assert loss_diff <= 2 * sum_tol(58, TERM)
+    assert grad_diff <= 2 * gamma(10) * TERM
