@@ -16,8 +16,9 @@ import torch
 from klgrad.config import load_config
 from klgrad.models import build_char_tokenizer, count_parameters
 from klgrad.models.factory import build_tiny_model
+from klgrad.objective import ObjectiveSpec
 from klgrad.rollout.samplers import KlgradSampler
-from klgrad.trainer import Batch, make_logprob_fn, objective_spec, update
+from klgrad.trainer import Batch, make_logprob_fn, update
 
 
 @dataclass
@@ -69,7 +70,7 @@ class RLStep:
                 "algo.micro_batch_size": prompts * group,
             },
         )
-        self.spec = objective_spec(self.cfg)
+        self.spec = ObjectiveSpec.from_config(self.cfg)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
         eos = -1 if fixed_length else tok.eos_token_id  # -1: never drawn, every response runs to new_tokens
         self.sampler = KlgradSampler(eos, tok.pad_token_id)

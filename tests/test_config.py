@@ -219,10 +219,10 @@ def test_top_p_is_allowed_without_a_kl_head_on_policy():
 
 
 def test_gspo_ratio_is_a_reward_head_level_only():
-    from klgrad.trainer import objective_spec
+    from klgrad.objective import ObjectiveSpec
 
     cfg = load_config(None, {"algo.ratio_level": "gspo", "algo.clip_eps_low": 3e-4, "algo.clip_eps_high": 4e-4})
-    assert objective_spec(cfg).ratio_level == "gspo"
+    assert ObjectiveSpec.from_config(cfg).ratio_level == "gspo"
     with pytest.raises(ConfigError, match=r"^kl\.ratio_level must be one of \['token', 'sequence'\]"):
         load_config(None, {"kl.ratio_level": "gspo"})
 

@@ -1,10 +1,12 @@
 """Typed, nested, validated configuration: YAML files plus dotted overrides (``--kl.head k3_as_loss``).
 
-Every field has a one-line doc (the string under it) and, where it has one, a unit. A wrong key, type or value
-fails at once with :class:`ConfigError` naming the dotted field and, for choices, the allowed values.
-YAML is read with a safe loader only (:class:`ConfigLoader`: PyYAML's ``SafeLoader`` that also reads YAML 1.2
-floats such as ``1e-6``). :func:`config_reference` renders the schema as Markdown, so the
-documentation is generated from this file and cannot drift.
+Every field has a one-line doc (the string under it) and, where it has one, a unit. The sections are dataclasses
+that pydantic validates (strict types, no unknown keys, finite numbers; :func:`parse_config`); then each section's
+value rules run (``check``), then the rules across sections. Every problem is reported at once in one
+:class:`ConfigError`, a line per problem naming the dotted field, with the allowed values for a choice and a
+suggestion for a near miss. YAML is read with a safe loader only (:class:`ConfigLoader`: PyYAML's ``SafeLoader``
+that also reads YAML 1.2 floats such as ``1e-6``). The field docs are the source of :func:`config_reference`
+(docs/configuration.md) and of :func:`json_schema` (``configs/klgrad.schema.json``), so neither can drift.
 """
 
 from __future__ import annotations
@@ -657,7 +659,7 @@ def parse_value(text: str) -> Any:
 
 
 def apply_overrides(data: dict, overrides: dict[str, Any]) -> dict:
-    """Set dotted keys (``kl.beta``) in a nested dict; unknown sections fail later in :func:`from_dict`."""
+    """Set dotted keys (``kl.beta``) in a nested dict; unknown sections fail later in :func:`parse_config`."""
     out = load_yaml(dump_yaml(data, sort_keys=True)) if data else {}
     for dotted, value in overrides.items():
         parts = dotted.split(".")

@@ -102,16 +102,8 @@ class ObjectiveSpec:
                 get_kl_head(self.kl_head)  # a registered head, or a module:name imported now
             except ValueError as e:
                 raise ValueError(f"kl_head: {e}") from None
-        spec_rules = {  # field -> its rule in klgrad.option_rules
-            "beta": "beta",
-            "clip_eps_low": "clip_eps_low",
-            "clip_eps_high": "clip_eps_high",
-            "dual_clip": "dual_clip",
-            "kl_clip_eps": "kl_clip_eps",
-            "entropy_coef": "entropy_coef",
-            "max_log_ratio": "max_log_ratio",
-        }
-        problems = [(name, rules.problem(rule, getattr(self, name))) for name, rule in spec_rules.items()]
+        ruled = ("beta", "clip_eps_low", "clip_eps_high", "dual_clip", "kl_clip_eps", "entropy_coef", "max_log_ratio")
+        problems = [(name, rules.problem(name, getattr(self, name))) for name in ruled]  # fields named as the rules
         problems += [
             ("form", rules.choice_problem(self.form, FORMS)),
             ("kl_level", rules.choice_problem(self.kl_level, LEVELS)),

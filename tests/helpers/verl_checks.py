@@ -197,7 +197,7 @@ def loss_checks() -> dict:
         config = actor_config(mode, **pl)
         row = {"loss_agg_mode": mode, **{k: v for k, v in pl.items()}, "config_type": type(config).__name__,
                "policy_loss_type": type(config.policy_loss).__name__}
-        spec = kv.objective_spec(config, mode)
+        spec = kv.spec_from_verl(config, mode)
 
         # 1) inside verl's actor loss call (verl.workers.utils.losses.ppo_loss via klgrad_ppo_loss)
         leaf = d["logp"].clone().requires_grad_(True)
@@ -259,13 +259,13 @@ def loss_checks() -> dict:
         "ppo_micro_batch_size_per_gpu": 8,
         "policy_loss": {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": "klgrad"},
     }))
-    spec = kv.objective_spec(plain, "token-mean")
+    spec = kv.spec_from_verl(plain, "token-mean")
     out["plain_policy_loss_config"] = {"type": type(plain.policy_loss).__name__, "kl_head": spec.kl_head,
                                        "beta": spec.beta, "kl_clip_eps": spec.kl_clip_eps}
 
     # bad setting names the field
     try:
-        kv.objective_spec(actor_config("token-mean", kl_head="k9"), "token-mean")
+        kv.spec_from_verl(actor_config("token-mean", kl_head="k9"), "token-mean")
         out["bad_head_error"] = None
     except ValueError as e:
         out["bad_head_error"] = str(e)

@@ -119,7 +119,7 @@ def _setting(policy_loss: Any, name: str) -> Any:
     return value
 
 
-def objective_spec(config: Any, loss_agg_mode: str) -> ObjectiveSpec:
+def spec_from_verl(config: Any, loss_agg_mode: str) -> ObjectiveSpec:
     """The klgrad :class:`~klgrad.objective.ObjectiveSpec` a verl actor config describes (decoupled form)."""
     if loss_agg_mode not in AGGREGATIONS:
         raise ValueError(
@@ -198,7 +198,7 @@ def compute_policy_loss_klgrad(
     """
     if config is None:
         raise ValueError("policy loss 'klgrad' needs verl's actor config")
-    spec = objective_spec(config, loss_agg_mode)
+    spec = spec_from_verl(config, loss_agg_mode)
     mask = response_mask.bool()  # (B, T)
     kl_on = spec.head.style != "none" and spec.beta > 0
     ref = ref_log_prob if ref_log_prob is not None else _REF_LOG_PROB.get()
@@ -259,6 +259,6 @@ __all__ = [
     "KlgradPolicyLossConfig",
     "compute_policy_loss_klgrad",
     "klgrad_ppo_loss",
-    "objective_spec",
     "reference_log_probs",
+    "spec_from_verl",
 ]

@@ -31,7 +31,6 @@ from klgrad.trainer.update import (
     UpdateStats,
     make_logprob_fn,
     mini_batch_rows,
-    objective_spec,
     step_advantages,
     update,
 )
@@ -58,7 +57,6 @@ __all__ = [
     "merge_rewards",
     "mini_batch_rows",
     "objective_metrics",
-    "objective_spec",
     "pad_responses",
     "plot_curves",
     "prompt_indices",

@@ -35,6 +35,7 @@ from klgrad.data.example import Example, examples_to_columns
 from klgrad.distributed import Dist, check_config
 from klgrad.kl import adaptive_beta
 from klgrad.models.sources import reference_path
+from klgrad.objective import ObjectiveSpec
 from klgrad.rewards import RewardResult, compute_rewards, merge_rewards
 from klgrad.rollout.batch import Rollout
 from klgrad.rollout.encoding import decode_responses, encode_prompts
@@ -62,7 +63,7 @@ from klgrad.trainer.setup import (
     reward_specs,
     setup_run,
 )
-from klgrad.trainer.update import Batch, UpdateStats, objective_spec, update
+from klgrad.trainer.update import Batch, UpdateStats, update
 
 
 def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_after: int | None = None) -> dict:
@@ -168,7 +169,7 @@ def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
     clock.mark("reward")
     batch = with_reference_logprobs(run, rollout, prompt_len, rewards)
     clock.mark("ref")
-    spec = objective_spec(cfg, run.beta)
+    spec = ObjectiveSpec.from_config(cfg, run.beta)
     stats = update(
         run.policy,
         run.optimizer,

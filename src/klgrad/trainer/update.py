@@ -126,11 +126,6 @@ def make_logprob_fn(temperature: float, fast_forward: bool = True) -> LogprobFn:
     return fn
 
 
-def objective_spec(cfg: Config, beta: float | None = None) -> ObjectiveSpec:
-    """The loss, from the config (``beta``: the current value of an adaptive β)."""
-    return ObjectiveSpec.from_config(cfg, beta)
-
-
 def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
     """Rows of each mini-batch among ``n`` rows of whole groups: mini-batch k holds groups k, k+M, k+2M, ...
 
