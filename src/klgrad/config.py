@@ -532,7 +532,7 @@ def _message(error: dict[str, Any]) -> str:
         allowed = _fields_at(loc[:-1])
         return f"{where} is not a config field; allowed here: {allowed}{_suggest(loc[-1], allowed)}"
     if kind == "literal_error":
-        choices = [ast.literal_eval(c.strip()) for c in re.findall(r"'[^']*'|\d+", ctx.get("expected", ""))]
+        choices = [c for c in get_args(_type_at(loc)) if c is not None]  # the field's Literal, not pydantic's text
         return f"{where} must be one of {choices}, got {_got(value)}{_suggest(value, choices)}"
     if kind == "choice_or_import_path":
         choices = ctx["expected"]
