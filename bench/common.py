@@ -18,6 +18,17 @@ from pathlib import Path
 import torch
 
 RESULTS = Path(__file__).parent / "results"
+TRL_OFFLINE_CPU = {
+    "bf16": False,  # fp32, as klgrad (these CPUs have no bf16 units)
+    "use_cpu": True,
+    "use_vllm": False,  # vLLM needs a GPU
+    "report_to": "none",  # no network
+    "save_strategy": "no",  # no checkpoint writes in the timed steps
+    "disable_tqdm": True,
+    "logging_steps": 1,
+}
+"""What TRL's GRPOConfig needs changed from its defaults to run offline on a CPU, untimed writes off: the only
+settings the benchmarks change besides the shared workload's."""
 
 
 def machine() -> dict:

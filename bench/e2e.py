@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from bench.common import median, print_table, write_json
+from bench.common import TRL_OFFLINE_CPU, median, print_table, write_json
 from klgrad.config import load_config
 from klgrad.data.tasks import make_splits
 from klgrad.rewards import accuracy_reward, format_reward
@@ -107,14 +107,8 @@ def trl_round(steps: int, seed: int, gradient_checkpointing: bool | None, task: 
             beta=0.5,
             learning_rate=1e-4,
             max_steps=steps,
-            logging_steps=1,
             seed=seed,
-            bf16=False,
-            use_cpu=True,
-            use_vllm=False,
-            report_to="none",
-            save_strategy="no",
-            disable_tqdm=True,
+            **TRL_OFFLINE_CPU,
             reward_weights=[1.0, 0.1],
             **extra,
         )

@@ -321,8 +321,11 @@ class TrainConfig:
     """Also write TensorBoard events."""
     wandb: bool = False
     """Also log to Weights & Biases (when installed)."""
-    threads: int | None = None
-    """torch CPU threads; None = torch default."""
+    threads: int | Literal["auto"] | None = "auto"
+    """torch CPU threads. 'auto' = this process's share of the cores other processes leave free, re-decided
+    before every step and split among the klgrad processes training on the machine (docs/performance.md,
+    "Shared CPU"); N = exactly N threads all run long (for bit-identical reruns); null = torch's own setting
+    (OMP_NUM_THREADS, else one thread per core)."""
     max_skipped_steps: int = 3
     """Stop (with a checkpoint) after this many consecutive steps whose update had a non-finite loss/gradient."""
     eval_objective_prompts: int | None = None
@@ -337,7 +340,8 @@ class TrainConfig:
         report.require(self.save_every >= 1, "save_every", "must be >= 1")
         report.require(self.eval_samples >= 1, "eval_samples", "must be >= 1")
         report.require(self.max_skipped_steps >= 1, "max_skipped_steps", "must be >= 1")
-        report.require(self.threads is None or self.threads >= 1, "threads", "must be >= 1 or null")
+        ok = self.threads is None or self.threads == "auto" or self.threads >= 1
+        report.require(ok, "threads", "must be >= 1, 'auto' or null")
         report.require(
             self.eval_objective_prompts is None or self.eval_objective_prompts >= 0,
             "eval_objective_prompts",
@@ -521,6 +525,46 @@ def _got(value: Any) -> str:
     return repr(value)
 
 
+def _field_loc(loc: tuple) -> tuple:
+    """``loc`` up to the field it names: pydantic appends a union member's tag (``int``, ``literal['auto']``)
+    to the location of a field typed ``int | Literal['auto'] | None``; those are not fields."""
+    tp: Any = Config
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            tp = next((a for a in get_args(tp) if dataclasses.is_dataclass(a)), tp)
+            continue
+        if not dataclasses.is_dataclass(tp):
+            return loc[:i]
+        tp = typing.get_type_hints(tp).get(part)
+    return loc
+
+
+def _describe(tp: Any) -> str:
+    """A union member in words: "an integer", "'auto'", "null"."""
+    if tp is type(None):
+        return "null"
+    if get_origin(tp) is Literal:
+        return " or ".join(repr(c) for c in get_args(tp))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _messages(errors: list[dict[str, Any]]) -> list[str]:
+    """pydantic's errors as klgrad's lines; a value that fits no member of a union field is one line naming
+    every member ("train.threads must be an integer or 'auto' or null, got 'x'"), not one per member."""
+    out: list[str] = []
+    for err in errors:
+        loc = _field_loc(err["loc"])
+        if loc == err["loc"]:
+            out.append(_message(err))
+            continue
+        where = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(loc))
+        members = " or ".join(_describe(a) for a in get_args(_type_at(loc)))
+        line = f"{where} must be {members}, got {_got(err.get('input'))}"
+        if line not in out:
+            out.append(line)
+    return out
+
+
 def _message(error: dict[str, Any]) -> str:
     """One pydantic error as klgrad's ``dotted.field message`` (the wording of the hand-written checks it
     replaced: "must be one of [...]", "is not a config field; allowed here: [...]")."""
@@ -592,7 +636,7 @@ def parse_config(data: Any) -> Config:
         cfg = _validator().validate_json(text)
     except ValidationError as e:
         errors = e.errors()
-        problems = [_message(err) for err in errors]
+        problems = _messages(errors)
         # the sections without a type error still get their value rules checked, so one read reports them too
         broken = {err["loc"][0] for err in errors if err["loc"]}
         report = Report(problems=problems)

@@ -41,6 +41,7 @@ from klgrad.rollout.batch import Rollout
 from klgrad.rollout.encoding import decode_responses, encode_prompts
 from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.runlock import RunLockedError, run_lock
+from klgrad.threads import CpuShare
 from klgrad.trainer.checkpoints import save_checkpoint
 from klgrad.trainer.draws import draw_prompts, pad_responses, rollout_uniforms, step_generator
 from klgrad.trainer.evaluation import evaluate
@@ -81,7 +82,7 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     and holds it until every rank is done; if another process holds it, every rank raises
     :class:`~klgrad.runlock.RunLockedError` and nothing in the directory is touched.
     """
-    if cfg.train.threads:
+    if isinstance(cfg.train.threads, int):
         torch.set_num_threads(cfg.train.threads)
     dist = Dist.from_env(cfg.model.device)  # the accelerator's placement: the same rule as resolve_device
     check_config(cfg, dist.world)
@@ -92,9 +93,9 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     kl_head(cfg)  # a user's module:name head is imported here, before anything is written
     model_dir = reference_path(cfg)
     device = resolve_device(cfg.model.device, dist.world)
-    with hold_run_dir(Path(cfg.train.out_dir), dist):
+    with hold_run_dir(Path(cfg.train.out_dir), dist), shared_cpu(cfg.train.threads == "auto") as cpu:
         run = setup_run(cfg, dist, data, specs, model_dir, device, resume)
-        summary = run_steps(run, progress, stop_after)
+        summary = run_steps(run, progress, stop_after, cpu)
         dist.barrier()  # every rank has read what it returns before rank 0 lets another writer in
     return summary
 
@@ -122,8 +123,36 @@ def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[None]:
         yield
 
 
-def run_steps(run: Run, progress: bool, stop_after: int | None) -> dict:
-    """Steps ``run.start + 1 .. train.steps`` (or ``stop_after`` of them), then the summary and curves."""
+@contextlib.contextmanager
+def shared_cpu(auto: bool) -> Iterator[CpuShare | None]:
+    """``train.threads: auto``: register this process as a klgrad process sharing the CPU
+    (:class:`klgrad.threads.CpuShare`), take its first share, and give torch its previous thread count back at
+    the end (a library call leaves the caller's setting as it found it). Otherwise yields None."""
+    if not auto:
+        yield None
+        return
+    before = torch.get_num_threads()
+    try:
+        with CpuShare() as cpu:
+            adapt_threads(cpu)
+            yield cpu
+    finally:
+        torch.set_num_threads(before)
+
+
+def adapt_threads(cpu: CpuShare | None) -> None:
+    """``train.threads: auto``: set torch's thread count to this process's share of the free cores
+    (:class:`klgrad.threads.CpuShare`, decided from the load since the previous call); otherwise nothing."""
+    if isinstance(cpu, CpuShare):
+        n = cpu.threads()
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+
+
+def run_steps(run: Run, progress: bool, stop_after: int | None, cpu: CpuShare | None = None) -> dict:
+    """Steps ``run.start + 1 .. train.steps`` (or ``stop_after`` of them), then the summary and curves. With
+    ``cpu`` (``train.threads: auto``) the thread count is re-decided before every step and recorded
+    (``cpu/threads``)."""
     cfg, dist = run.cfg, run.dist
     has_reference_eval = dist.is_main and any(r["step"] == 0 for r in read_jsonl(run.record.metrics_path))
     if dist.is_main and run.start == 0 and not has_reference_eval:  # the reference's own evaluation, step 0
@@ -138,7 +167,9 @@ def run_steps(run: Run, progress: bool, stop_after: int | None) -> dict:
     )
     steps_done = consecutive_skips = 0
     for step in bar:
+        adapt_threads(cpu)
         record, stats = train_step(run, step)
+        record["cpu/threads"] = torch.get_num_threads()
         end_of_step(run, step + 1, record)
         bar.set_postfix(
             reward=f"{record['reward/mean']:.3f}",
