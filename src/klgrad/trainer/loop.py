@@ -126,15 +126,18 @@ def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[None]:
 @contextlib.contextmanager
 def shared_cpu(auto: bool) -> Iterator[CpuShare | None]:
     """``train.threads: auto``: register this process as a klgrad process sharing the CPU
-    (:class:`klgrad.threads.CpuShare`), take its first share, and give torch its previous thread count back at
-    the end (a library call leaves the caller's setting as it found it). Otherwise yields None."""
+    (:class:`klgrad.threads.CpuShare`), take its first share (only the split among klgrad processes: no load
+    is known yet), and give torch its previous thread count back at the end (a library call leaves the
+    caller's setting as it found it). Otherwise yields None."""
     if not auto:
         yield None
         return
     before = torch.get_num_threads()
     try:
         with CpuShare() as cpu:
-            adapt_threads(cpu)
+            # set even when unchanged: torch.set_num_threads also turns MKL's dynamic thread count off, which a
+            # process that never calls it keeps on (measured ~7% slower steps alone, bench/contention.py)
+            torch.set_num_threads(cpu.threads())
             yield cpu
     finally:
         torch.set_num_threads(before)
