@@ -324,7 +324,7 @@ class TrainConfig:
     threads: int | Literal["auto"] | None = "auto"
     """torch CPU threads. 'auto' = this process's share of the cores other processes leave free, re-decided
     before every step and split among the klgrad processes training on the machine (docs/performance.md,
-    "Shared CPU"); N = exactly N threads all run long (for bit-identical reruns); null = torch's own setting
+    "Shared CPU"); N = exactly N threads for the whole run (for bit-identical reruns); null = torch's own setting
     (OMP_NUM_THREADS, else one thread per core)."""
     max_skipped_steps: int = 3
     """Stop (with a checkpoint) after this many consecutive steps whose update had a non-finite loss/gradient."""
@@ -792,7 +792,9 @@ def config_reference() -> str:
             if get_origin(tp) is Annotated:  # Annotated[Literal[...], OrImportPath()]: the choices or an import path
                 tp, *meta = get_args(tp)
                 suffix = " | 'package.module:name'" if any(isinstance(m, OrImportPath) for m in meta) else ""
-            tname = (tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")) + suffix
+            members = get_args(tp) if get_origin(tp) is typing.Union else (tp,)  # int | Literal['auto'] | None
+            names = ["None" if a is type(None) else a.__name__ if isinstance(a, type) else str(a) for a in members]
+            tname = " | ".join(n.replace("typing.", "") for n in names) + suffix
             tname = tname.replace("klgrad.config.", "").replace("__main__.", "").replace("|", "\\|")
             default = getattr(default_obj, f.name)
             default = to_dict(default) if isinstance(default, list) else default
