@@ -6,12 +6,13 @@ pair of contenders alternated (A B A B ...) after warm-up, so drift of the machi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -69,6 +70,28 @@ def alternate(fns: dict[str, Callable[[], object]], *, warmup: int = 2, repeats:
             fn()
             times[name].append(time.perf_counter() - t0)
     return times
+
+
+@contextlib.contextmanager
+def step_records() -> Iterator[list[tuple[float, dict]]]:
+    """While open, every step record ``klgrad train`` writes (in this process) is appended to the yielded list as
+    (``time.perf_counter()`` when written, record): a step ends when its record is written. Instrumentation only:
+    the loop writes each record through ``klgrad.trainer.record.write_jsonl``, wrapped here and restored on exit."""
+    import klgrad.trainer.record as record
+
+    out: list[tuple[float, dict]] = []
+    write = record.write_jsonl
+
+    def timed_write(path, rec):
+        write(path, rec)
+        if "reward/mean" in rec:  # a step's record (evaluation-only rows have no reward/mean)
+            out.append((time.perf_counter(), rec))
+
+    record.write_jsonl = timed_write
+    try:
+        yield out
+    finally:
+        record.write_jsonl = write
 
 
 def median(xs: list[float]) -> float:

@@ -28,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from bench.common import TRL_OFFLINE_CPU, median, print_table, write_json
+from bench.common import TRL_OFFLINE_CPU, median, print_table, step_records, write_json
 from klgrad.config import load_config
 from klgrad.data.tasks import make_splits
 from klgrad.rewards import accuracy_reward, format_reward
@@ -41,18 +41,6 @@ WORKLOADS = {"addition": ("tiny_add.yaml", 8), "scratchpad": ("tiny_scratchpad.y
 
 def klgrad_round(steps: int, seed: int, task: str = "addition") -> tuple[list[float], int]:
     """Step times (s) of one ``klgrad train`` run of ``steps`` steps; also the response tokens of the last step."""
-    import klgrad.trainer.record as record  # the loop writes each step's record through record.write_jsonl
-
-    stamps: list[float] = []
-    tokens: list[int] = []
-    write = record.write_jsonl
-
-    def timed_write(path, record):  # instrumentation only: the step ends when its record is written
-        write(path, record)
-        if "reward/mean" in record:
-            stamps.append(time.perf_counter())
-            tokens.append(record.get("response/length", 0.0))
-
     with tempfile.TemporaryDirectory() as out:
         cfg = load_config(
             CONFIGS / WORKLOADS[task][0],
@@ -64,11 +52,10 @@ def klgrad_round(steps: int, seed: int, task: str = "addition") -> tuple[list[fl
                 "train.seed": seed,
             },
         )
-        record.write_jsonl = timed_write
-        try:
+        with step_records() as steps_written:
             train(cfg, progress=False)
-        finally:
-            record.write_jsonl = write
+    stamps = [t for t, _ in steps_written]
+    tokens = [rec.get("response/length", 0.0) for _, rec in steps_written]
     return [b - a for a, b in itertools.pairwise(stamps[:-1])], tokens  # the last step also evaluates
 
 

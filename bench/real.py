@@ -97,26 +97,15 @@ def prompt_texts(cfg) -> tuple[list[str], list[str], list[list[int]]]:
 
 def klgrad_child(mode: str, steps: int, seed: int) -> dict:
     """Step-end times of ``klgrad train`` (the loop's own metrics record marks a step's end) and the phases."""
-    import klgrad.trainer.record as record
+    from bench.common import step_records
     from klgrad.trainer import train
-
-    stamps: list[float] = []
-    records: list[dict] = []
-    write = record.write_jsonl
-
-    def timed_write(path, rec):  # instrumentation only: the step ends when its record is written
-        write(path, rec)
-        if "reward/mean" in rec:
-            stamps.append(time.perf_counter())
-            records.append(rec)
 
     with tempfile.TemporaryDirectory() as out:
         cfg = config(mode, **{"train.steps": steps, "train.seed": seed, "train.out_dir": f"{out}/run"})
-        record.write_jsonl = timed_write
-        try:
+        with step_records() as steps_written:
             train(cfg, progress=False)
-        finally:
-            record.write_jsonl = write
+    stamps = [t for t, _ in steps_written]
+    records = [rec for _, rec in steps_written]
     phases = {k: [r[k] for r in records[1:-1]] for k in records[0] if k.startswith("time/")}
     return {
         "step_s": [b - a for a, b in itertools.pairwise(stamps[:-1])],  # the last step also evaluates
