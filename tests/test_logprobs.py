@@ -345,13 +345,15 @@ def test_position_ids_from_mask():
     assert position_ids_from_mask(mask).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4], [0, 0, 1, 2, 2]]
 
 
+@pytest.mark.parametrize("packing", [False, True])
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_left_padded_equals_each_row_alone(tokenizer, name, temperature):
+def test_left_padded_equals_each_row_alone(tokenizer, name, temperature, packing):
     model = MODELS[name](tokenizer)
     input_ids, mask, start = batch(tokenizer)
+    real = mask[:, start:].bool()  # (B, 3) response tokens
     with torch.no_grad():
-        logp, ent = sequence_logprobs(model, input_ids, mask, start, temperature, with_entropy=True)
+        logp, ent = sequence_logprobs(model, input_ids, mask, start, temperature, with_entropy=True, packing=packing)
         assert logp.shape == ent.shape == (len(PROMPTS), 3)
         assert not logp.requires_grad
         # a padded batch vs each row alone: float32 rounding of two evaluations (tests/helpers/tolerances.py)
@@ -359,10 +361,14 @@ def test_left_padded_equals_each_row_alone(tokenizer, name, temperature):
         z = 2 * max_abs_logit(model, input_ids, mask) / temperature  # the logit range bounds dH/dz
         for i, (prompt, response) in enumerate(zip(*prompt_and_response_ids(tokenizer), strict=True)):
             ref_logp, ref_ent = alone(model, prompt, response, temperature)
-            # All 3 positions compare, even row 0's trailing <pad> target: it is read from the logits at
-            # <eos>, a real position.
-            torch.testing.assert_close(logp[i], ref_logp, rtol=0, atol=tol)
-            torch.testing.assert_close(ent[i], ref_ent, rtol=0, atol=tol * z)
+            # Padded: all 3 positions compare, even row 0's trailing <pad> target (read from the logits at
+            # <eos>, a real position). Packed: padding is not computed and reads 0.
+            keep = torch.ones_like(real[i]) if not packing else real[i]
+            torch.testing.assert_close(logp[i][keep], ref_logp[keep], rtol=0, atol=tol)
+            torch.testing.assert_close(ent[i][keep], ref_ent[keep], rtol=0, atol=tol * z)
+            if packing:
+                assert not logp[i][~keep].any()
+                assert not ent[i][~keep].any()
 
 
 @settings(max_examples=10, deadline=None)
@@ -381,18 +387,20 @@ def test_extra_left_padding_changes_nothing(tokenizer, gpt2, extra, garbage):
     torch.testing.assert_close(got[real], ref[real], rtol=0, atol=logprob_tol(model, input_ids, mask))
 
 
-def test_gradient_flows_and_matches_reference(tokenizer):
+@pytest.mark.parametrize("packing", [False, True])
+def test_gradient_flows_and_matches_reference(tokenizer, packing):
     model = tiny_llama(tokenizer)
     input_ids, mask, start = batch(tokenizer)
-    logp, _ = sequence_logprobs(model, input_ids, mask, start)
+    real = mask[:, start:].bool()  # (B, 3) response tokens: the loss sums these only
+    logp, _ = sequence_logprobs(model, input_ids, mask, start, packing=packing)
     assert logp.requires_grad
-    logp.sum().backward()
+    logp[real].sum().backward()
     ours = {n: p.grad.clone() for n, p in model.named_parameters()}
     assert all(g.abs().sum() > 0 for g in ours.values())
 
     model.zero_grad()
     rows = zip(*prompt_and_response_ids(tokenizer), strict=True)
-    sum(alone(model, p, r)[0].sum() for p, r in rows).backward()
+    sum(alone(model, p, r)[0][keep].sum() for (p, r), keep in zip(rows, real, strict=True)).backward()
     rel = 2 * model_tol(model.config, 1.0)  # the backward doubles the chain of reductions
     for n, p in model.named_parameters():
         torch.testing.assert_close(ours[n], p.grad, rtol=rel, atol=rel * float(p.grad.abs().max()))

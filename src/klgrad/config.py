@@ -328,6 +328,10 @@ class TrainConfig:
     (OMP_NUM_THREADS, else one thread per core)."""
     max_skipped_steps: int = 3
     """Stop (with a checkpoint) after this many consecutive steps whose update had a non-finite loss/gradient."""
+    packing: bool = True
+    """Reference, behaviour and update passes compute only real response positions (nothing after EOS; each
+    group's prompt once) with the LM head fused into the log-softmax; false = the padded forward, for comparison
+    and debugging (docs/performance.md, "Packed log-prob passes")."""
     eval_objective_prompts: int | None = None
     """Held-out prompts (the first ones) on which every evaluation computes the exact objective J_β = E[R] −
     β·KL(π‖π_ref) at β = ``kl.beta``, its optimum J* and KL(π‖π*) by enumerating all responses (``eval/J``,

@@ -19,11 +19,17 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 CHUNK_BYTES = 64 * 2**20
 """Target size of one chunk's float32 (B, c, V) working tensor: 64 MiB (a few are alive at once; bench/memory.py
 measured 770 MiB of workspace at 256 MiB chunks for V = 151,936, T = 1,024, B = 4, and the same speed at 64)."""
+
+
+VARLEN = ("flash_attention_2", "flash_attention_3")
+"""transformers attention kernels that run a packed row (position ids restarting per sequence) as variable-length
+sequences, without a dense mask over the row."""
 
 
 def default_chunk_size(batch: int, vocab: int) -> int:
@@ -162,6 +168,110 @@ class _TokenLogprobsEntropy(torch.autograd.Function):
         return grad, None, None, None
 
 
+class _HeadLogprobsEntropy(torch.autograd.Function):
+    r"""The LM head and the log-softmax in one chunked pass: x = h·Wᵀ + b, z = x / τ, q = softmax(z);
+    logp = z[tok] − logsumexp(z), H = logsumexp(z) − Σ_v q_v·(z_v − max z) ... see :func:`head_logprobs`.
+
+    Forward writes each chunk's logits into one (R, V) buffer (kept for backward: the only positions × vocabulary
+    tensor); backward turns each chunk of that buffer, in place, into g_x = (g·(onehot − q) − e·q·(log q + H)) / τ
+    and multiplies it out at once: ∂h = g_x·W, ∂W += g_xᵀ·h, ∂b += Σ g_x. No second (R, V) buffer is made.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature: float, chunk_size: int):
+        n = hidden.shape[0]
+        logits = torch.empty(n, weight.shape[0], dtype=weight.dtype, device=hidden.device)  # (R, V)
+        out_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        logp = torch.empty(n, dtype=out_dtype, device=hidden.device)  # (R,)
+        ent, lse = torch.empty_like(logp), torch.empty_like(logp)  # (R,), (R,)
+        for sl in _chunks(n, chunk_size):
+            x = torch.matmul(hidden[sl], weight.t(), out=logits[sl])  # (c, V)
+            if bias is not None:
+                x.add_(bias)
+            logp[sl], ent[sl], lse[sl] = _head_stats(x, tokens[sl], temperature)
+        ctx.save_for_backward(hidden, weight, tokens, logits, lse, ent)
+        ctx.has_bias, ctx.temperature, ctx.chunk_size = bias is not None, temperature, chunk_size
+        return logp, ent
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp, grad_ent):
+        hidden, weight, tokens, logits, lse, ent = ctx.saved_tensors
+        tau = ctx.temperature
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None  # (R, D)
+        grad_w = torch.zeros_like(weight) if need_w else None  # (V, D)
+        grad_b = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device) if need_b else None
+        for sl in _chunks(hidden.shape[0], ctx.chunk_size):
+            g = grad_logp[sl, None].to(lse.dtype)  # (c, 1)
+            e = grad_ent[sl, None].to(lse.dtype)  # (c, 1)
+            logq = _scaled(logits[sl], tau).sub_(lse[sl, None])  # (c, V) in place of the stored logits (fp32)
+            q = logq.exp()
+            gx = logq.add_(ent[sl, None]).mul_(e).add_(g).mul_(q).neg_()  # -q·(g + e·(log q + H))
+            gx.scatter_add_(-1, tokens[sl, None], g)  # + g·onehot(tok)
+            if tau != 1.0:
+                gx.div_(tau)
+            gx = gx.to(weight.dtype)  # (c, V)
+            if need_h:
+                torch.matmul(gx, weight, out=grad_h[sl])  # (c, D)
+            if need_w:
+                grad_w.addmm_(gx.t(), hidden[sl])  # (V, D)
+            if need_b:
+                grad_b.add_(gx.sum(0))
+        return grad_h, grad_w, grad_b, None, None, None
+
+
+def _head_stats(x: Tensor, tokens: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+    """logp (c,), entropy (c,) and logsumexp (c,) of softmax(x / τ) from one chunk of logits x (c, V).
+
+    With zs = z − max z, s = Σ exp(zs): logp = zs[tok] − log s and H = log s − Σ exp(zs)·zs / s, a sum of two
+    non-negative terms (zs ≤ 0), so no cancellation; the passes over V are max, subtract, exp, sum and one dot.
+    """
+    z = _scaled(x, temperature)  # (c, V) float32
+    m = z.amax(dim=-1)  # (c,)
+    zs = z - m[:, None]  # (c, V) ≤ 0
+    ez = zs.exp()  # (c, V)
+    s = ez.sum(-1)  # (c,)
+    ls = s.log()
+    ent = ls - torch.linalg.vecdot(ez, zs) / s  # (c,)
+    return zs.gather(-1, tokens[:, None]).squeeze(-1) - ls, ent, m + ls
+
+
+def head_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    tokens: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    r"""Token log-probs and entropies from final hidden states through the LM head, (R, D), (V, D) -> (R,), (R,).
+
+    logits = hidden·Wᵀ + b, z = logits / τ: logp_r = log softmax(z_r)[tokens_r], H_r = −Σ_v q_v log q_v. The
+    head's product and the log-softmax run chunk by chunk over the R positions in one pass (float32 softmax
+    arithmetic); with gradients the chunk's logits are kept in one (R, V) buffer that backward overwrites with
+    their gradient and multiplies out chunk by chunk (∂hidden = g_x·W, ∂W = g_xᵀ·hidden), so a step holds one
+    positions × vocabulary tensor instead of the logits and their gradient. Without gradients nothing is kept.
+    Equal to ``token_logprobs_and_entropy(F.linear(hidden, W, b)[None], tokens[None], τ)`` up to rounding.
+    """
+    if hidden.dim() != 2 or tokens.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden must be (R, D) and tokens (R,), got {tuple(hidden.shape)}, {tuple(tokens.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    chunk = chunk_size or default_chunk_size(1, weight.shape[0])
+    tokens = tokens.long()
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    if needs_grad:
+        return _HeadLogprobsEntropy.apply(hidden, weight, bias, tokens, float(temperature), chunk)
+    out_dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    logp = torch.empty(hidden.shape[0], dtype=out_dtype, device=hidden.device)  # (R,)
+    ent = torch.empty_like(logp)
+    with torch.no_grad():
+        for sl in _chunks(hidden.shape[0], chunk):
+            logp[sl], ent[sl], _ = _head_stats(F.linear(hidden[sl], weight, bias), tokens[sl], float(temperature))
+    return logp, ent
+
+
 def _check_logits(logits: Tensor, temperature: float) -> None:
     if logits.dim() != 3:
         raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
@@ -241,6 +351,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     micro_batch_size: int | None = None,
     fast_forward: bool = True,
+    packing: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Log-probs (and optionally entropies) of the response tokens under a HF causal LM.
 
@@ -264,6 +375,15 @@ def sequence_logprobs(
     against this function with ``fast_forward=False`` at 1e-5), fewer positions: P·L + N·(T - 1) instead
     of N·(L + T - 1). Used when every response mask is a run of real tokens followed by padding; otherwise,
     for other models, or with ``fast_forward=False``, one transformers forward over every row.
+
+    Packing (``train.packing``, default). Only real positions are computed: each response from its first token
+    through its EOS (or the length cap), nothing after. For Llama-family models with ``fast_forward`` the
+    distinct prompts run once and the response positions run packed
+    (:meth:`~klgrad.models.fast_forward.FastForward.packed_hidden`), with the LM head and log-softmax fused
+    (:func:`head_logprobs`); for other models running flash-attention-2 (varlen kernels, GPU), each row's real
+    tokens are concatenated into one row with position ids restarting per row (transformers' packed-sequence
+    path, :func:`_packed_transformers_logprobs`). Elsewhere (another attention kernel would compute a dense mask
+    over the packed row, every masked pair) the padded forward runs. With ``packing`` padding reads 0.
 
     Gradients flow when called with grad enabled (policy); call under ``torch.no_grad()`` for a reference
     model. ``micro_batch_size`` splits the rows into forward passes of that many rows (results identical);
@@ -293,6 +413,7 @@ def sequence_logprobs(
                 temperature,
                 with_entropy=with_entropy,
                 fast_forward=fast_forward,
+                packing=packing,
             )
             for i in range(0, B, mb)
         ]
@@ -300,7 +421,36 @@ def sequence_logprobs(
         entropy = torch.cat([p[1] for p in parts]) if with_entropy else None  # (B, T_resp)
         return logp, entropy
 
-    n_resp = L - response_start
+    resp_mask = attention_mask[:, response_start:].bool()  # (B, T_resp)
+    if packing and _right_padded(resp_mask):
+        packed = None
+        if fast_forward:
+            packed = _packed_fast_logprobs(model, input_ids, attention_mask, response_start, temperature)
+        if packed is None and getattr(getattr(model, "config", None), "_attn_implementation", None) in VARLEN:
+            packed = _packed_transformers_logprobs(model, input_ids, attention_mask, response_start, temperature)
+        if packed is not None:
+            return packed[0], (packed[1] if with_entropy else None)
+    logp, entropy = _padded_logprobs(
+        model, input_ids, attention_mask, response_start, temperature, with_entropy, fast_forward
+    )
+    if packing:  # the same result as the packed paths: padding reads 0
+        logp = logp.masked_fill(~resp_mask, 0.0)
+        entropy = None if entropy is None else entropy.masked_fill(~resp_mask, 0.0)
+    return logp, entropy
+
+
+def _padded_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_start: int,
+    temperature: float,
+    with_entropy: bool,
+    fast_forward: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """(logp, entropy or None) (B, T_resp) from a forward over every position, padding included: each group's
+    prompt once (:func:`_shared_prompt_logits`) when ``fast_forward`` applies, else one transformers forward."""
+    n_resp = input_ids.shape[1] - response_start
     logits = _shared_prompt_logits(model, input_ids, attention_mask, response_start) if fast_forward else None
     if logits is not None:
         return _logprobs_entropy(logits, input_ids[:, response_start:], temperature, with_entropy)
@@ -344,3 +494,63 @@ def _shared_prompt_logits(
     return FastForward(model).shared_prefix_logits(
         distinct[:, :response_start], distinct[:, response_start:].bool(), owner, input_ids[:, response_start:]
     )
+
+
+def _right_padded(resp_mask: Tensor) -> bool:
+    """Every response mask (N, T) is a run of real tokens followed by padding (no real token after a pad)."""
+    m = resp_mask.bool()
+    return not bool((m[:, 1:] & ~m[:, :-1]).any())
+
+
+def _unpack(values: Tensor, resp_mask: Tensor) -> Tensor:
+    """Packed values (R,) of the real response tokens (row-major) into (N, T), 0 at padding; differentiable."""
+    return torch.zeros(resp_mask.shape, dtype=values.dtype, device=values.device).masked_scatter(resp_mask, values)
+
+
+def _packed_fast_logprobs(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_start: int, temperature: float
+) -> tuple[Tensor, Tensor] | None:
+    """(logp, entropy) (N, T) each through :meth:`FastForward.packed_hidden` and :func:`head_logprobs`, or None
+    when the model is not one FastForward supports."""
+    from klgrad.models.fast_forward import FastForward, unsupported_reason
+
+    if unsupported_reason(model) is not None:
+        return None
+    resp_mask = attention_mask[:, response_start:].bool()  # (N, T)
+    responses = input_ids[:, response_start:]  # (N, T)
+    prompts = torch.cat([input_ids[:, :response_start], attention_mask[:, :response_start].long()], dim=1)
+    distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)  # (U, 2·Lp), (N,)
+    hidden = FastForward(model).packed_hidden(
+        distinct[:, :response_start], distinct[:, response_start:].bool(), owner, responses, resp_mask.sum(-1)
+    )  # (R, D)
+    head = model.lm_head
+    logp, ent = head_logprobs(hidden, head.weight, head.bias, responses[resp_mask], temperature)  # (R,), (R,)
+    return _unpack(logp, resp_mask), _unpack(ent, resp_mask)
+
+
+def _packed_transformers_logprobs(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_start: int, temperature: float
+) -> tuple[Tensor, Tensor]:
+    """(logp, entropy) (N, T) each from one transformers forward over a single packed row.
+
+    Row n's real tokens (its prompt's, then its response's through EOS) are concatenated into one (1, S) row,
+    S = Σ_n real tokens, with position ids 0, 1, ... restarting at each row: transformers reads the restarts as
+    sequence boundaries (flash-attention's cumulative lengths; other kernels get a block-diagonal causal mask).
+    ``logits_to_keep`` takes the positions that predict a response token, so only those logits are made.
+    """
+    real = attention_mask.bool()  # (N, L)
+    resp_mask = real[:, response_start:]  # (N, T)
+    lengths = real.sum(-1)  # (N,)
+    positions = (real.long().cumsum(-1) - 1)[real]  # (S,) restarting at 0 in each row
+    starts = torch.cumsum(lengths, 0) - lengths  # (N,) offset of each row in the packed row
+    prompt_len = real[:, :response_start].sum(-1)  # (N,)
+    t = torch.arange(resp_mask.shape[1], device=input_ids.device)[None].expand_as(resp_mask)  # (N, T)
+    predictors = (starts[:, None] + prompt_len[:, None] + t - 1)[resp_mask]  # (R,) position before each token
+    out = model(
+        input_ids=input_ids[real][None],
+        position_ids=positions[None],
+        use_cache=False,
+        logits_to_keep=predictors,
+    )
+    logp, ent = token_logprobs_and_entropy(out.logits, input_ids[:, response_start:][resp_mask][None], temperature)
+    return _unpack(logp[0], resp_mask), _unpack(ent[0], resp_mask)

@@ -132,6 +132,12 @@ def _rows(select: Tensor, x: Tensor) -> Tensor:
     return (select @ x.reshape(x.shape[0], -1)).view(select.shape[0], *x.shape[1:])
 
 
+def _blocks(x: Tensor, flat: Tensor, n: int, m: int) -> Tensor:
+    """Packed rows x (R', ...) into zero-padded blocks (n, m, ...) at slots ``flat`` (R',) of the n·m."""
+    out = x.new_zeros(n * m, *x.shape[1:]).index_copy(0, flat, x)  # (n·m, ...)
+    return out.view(n, m, *x.shape[1:])
+
+
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -274,6 +280,72 @@ class FastForward:
                 x_s = x_s + self._mlp(i, _rms(x_s, layer.post_attention_layernorm))
         first = _rows(select, self._logits(x_p[:, -1]))[:, None]  # (N, 1, V)
         return torch.cat([first, self._logits(x_s)], dim=1) if m > 0 else first  # (N, T, V)
+
+    def packed_hidden(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, owner: Tensor, responses: Tensor, lengths: Tensor
+    ) -> Tensor:
+        r"""Final-norm hidden states of the positions that predict the N responses' real tokens, packed: (R, D).
+
+        Like :meth:`shared_prefix_logits` (``prompt_ids``/``prompt_mask`` (U, L) the distinct left-padded prompts,
+        run once each; ``owner`` (N,) the prompt of each response; ``responses`` (N, T)), but only real positions
+        are computed: response n has ``lengths[n]`` real tokens (then padding), so the layers run the U·L prompt
+        positions and R' = Σ_n (lengths[n] − 1) response positions, nothing after an EOS. Row r of the result,
+        in the order of ``responses[n, t]`` for t < lengths[n] (row-major, i.e. ``response_mask`` flattened), is
+        the hidden state whose LM head gives the distribution of that token: the prompt's last position for
+        t = 0, response position t − 1 otherwise. Apply the head with :func:`klgrad.logprobs.head_logprobs`.
+
+        The per-position work (every projection, MLP, norm and the LM head) runs on the packed (R', D) rows.
+        Attention, per layer, scatters the packed queries, keys and values into one (N, m) block per response
+        (m = max length − 1) and attends to its prompt's keys (shared through ``owner``) and causally to its
+        own: the padded slots of those blocks are the only work on padding, N·m·(L + m) score entries against
+        Σ_n (lengths[n] − 1)·(L + ...) useful ones; attention is ~1-2% of a step's FLOPs at these lengths.
+        Differentiable; the gathers and scatters are index copies with unique indices.
+        """
+        mask = prompt_mask.bool()  # (U, L)
+        length = mask.shape[1]
+        n = responses.shape[0]
+        device = responses.device
+        dtype = self.inner.embed_tokens.weight.dtype
+        lengths = lengths.long()
+        m = max(int(lengths.max()) - 1, 0) if n else 0  # response positions per block
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (U, L)
+        cos_p, sin_p = self._rope(positions, dtype)  # (U, L, d)
+        bias_p = self._causal_bias(mask)  # (U, 1, L, L)
+        x_p = F.embedding(prompt_ids, self.inner.embed_tokens.weight)  # (U, L, D)
+        select = F.one_hot(owner, prompt_ids.shape[0]).to(dtype)  # (N, U) as in shared_prefix_logits
+        slot = torch.arange(m, device=device)  # (m,)
+        inputs = slot[None] < (lengths[:, None] - 1)  # (N, m) response tokens that predict a next real token
+        row, t = inputs.nonzero(as_tuple=True)  # (R',), (R',) packed order: row-major
+        flat = row * m + t  # (R',) slot of each packed position in the (N·m) blocks
+        if m > 0:
+            cos_s, sin_s = self._rope(positions[owner[row], -1] + 1 + t, dtype)  # (R', d)
+            own = torch.ones(m, m, dtype=torch.bool, device=device).tril()  # (m, m) causal
+            seen = torch.cat([mask[owner][:, None, :].expand(n, m, length), own.expand(n, m, m)], dim=-1)
+            bias_s = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill(~seen, float("-inf"))[:, None]
+            x_s = F.embedding(responses[row, t], self.inner.embed_tokens.weight)  # (R', D)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(i, _rms(x_p, layer.input_layernorm), cos_p, sin_p)  # (U, L, ·, d)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # (U, K, L, d)
+            x_p = x_p + self.o[i](self._attend(q, k, v, bias_p))
+            x_p = x_p + self._mlp(i, _rms(x_p, layer.post_attention_layernorm))
+            if m > 0:
+                qs, ks, vs = self._qkv(i, _rms(x_s, layer.input_layernorm), cos_s, sin_s)  # (R', ·, d)
+                qb, kb, vb = (_blocks(z, flat, n, m) for z in (qs, ks, vs))  # (N, m, ·, d)
+                k_all = torch.cat([_rows(select, k), kb.transpose(1, 2)], dim=2)  # (N, K, L + m, d)
+                v_all = torch.cat([_rows(select, v), vb.transpose(1, 2)], dim=2)
+                out = self._attend(qb, k_all, v_all, bias_s)  # (N, m, H·d)
+                x_s = x_s + self.o[i](out.reshape(n * m, -1).index_select(0, flat))  # (R', D)
+                x_s = x_s + self._mlp(i, _rms(x_s, layer.post_attention_layernorm))
+        first = _rows(select, _rms(x_p[:, -1], self.inner.norm))  # (N, D) predicts each response's token 0
+        if m == 0:
+            return first[lengths > 0]
+        hidden = torch.cat([first, _rms(x_s, self.inner.norm)])  # (N + R', D)
+        # packed order of the real tokens (n, t): t = 0 reads first[n], t ≥ 1 the packed input (n, t − 1)
+        real = torch.arange(m + 1, device=device)[None] < lengths[:, None]  # (N, m + 1)
+        source = torch.full(real.shape, -1, dtype=torch.long, device=device)  # (N, m + 1)
+        source[:, 0] = torch.arange(n, device=device)
+        source[row, t + 1] = n + torch.arange(row.numel(), device=device)
+        return hidden.index_select(0, source[real])  # (R, D)
 
     @torch.no_grad()
     def prefill(self, prompt_ids: Tensor, prompt_mask: Tensor, group_size: int, max_new_tokens: int) -> Tensor:

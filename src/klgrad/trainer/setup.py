@@ -206,7 +206,9 @@ def setup_run(
     start, beta = resume_or_create(run_dir, dist, resume, policy, ref, optimizer, scheduler, cfg.kl.beta)
     # the training forward goes through the prepared (DDP) log-prob module; rollout, reference and evaluation
     # use the plain model
-    logprob_fn = make_logprob_fn(cfg.rollout.temperature, fast_forward=cfg.model.fast_forward)
+    logprob_fn = make_logprob_fn(
+        cfg.rollout.temperature, fast_forward=cfg.model.fast_forward, packing=cfg.train.packing
+    )
     train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn), optimizer)
     if dist.is_main:
         write_run_files(cfg, run_dir, model_dir, dist.world)

@@ -108,9 +108,10 @@ class PolicyLogprobs(torch.nn.Module):
         return self.logprob_fn(self.policy, input_ids, attention_mask, response_start, with_entropy)
 
 
-def make_logprob_fn(temperature: float, fast_forward: bool = True) -> LogprobFn:
+def make_logprob_fn(temperature: float, fast_forward: bool = True, packing: bool = True) -> LogprobFn:
     """The :data:`LogprobFn` at ``temperature``; ``fast_forward`` (``model.fast_forward``) lets Llama-family models
-    forward each group's shared prompt once (:func:`klgrad.logprobs.sequence_logprobs`)."""
+    forward each group's shared prompt once, ``packing`` (``train.packing``) computes real response positions
+    only (:func:`klgrad.logprobs.sequence_logprobs`)."""
 
     def fn(model, input_ids, attention_mask, response_start, with_entropy):
         return sequence_logprobs(
@@ -121,6 +122,7 @@ def make_logprob_fn(temperature: float, fast_forward: bool = True) -> LogprobFn:
             temperature,
             with_entropy=with_entropy,
             fast_forward=fast_forward,
+            packing=packing,
         )
 
     return fn
