@@ -125,3 +125,56 @@ def test_one_rl_step_through_the_chat_template_then_export(smol_dir: Path, tmp_p
         checkpoint_logits = checkpoint(**batch).logits
     assert torch.equal(exported_logits, checkpoint_logits)
     assert not torch.equal(exported_logits, base_logits)  # the step moved the weights
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("lora", [False, True])
+def test_packed_equals_padded_on_smollm2(smol_dir: Path, lora: bool):
+    """SmolLM2 (30 layers, 49,152-token vocabulary, tied head), full and LoRA: log-probs, entropies and gradients
+    of 2 chat prompts × 2 answers of 7, 2, 5 and 1 tokens, packed (real positions only, the head fused into the
+    log-softmax) against the padded forward."""
+    from klgrad.logprobs import sequence_logprobs
+    from klgrad.models.lora import adapter_parameters, apply_lora
+    from tolerances import model_tol
+
+    model, tok = load_model_and_tokenizer(smol_dir)
+    if lora:
+        apply_lora(model, 4, 8.0, ("q_proj", "v_proj", "down_proj"))
+        with torch.no_grad():  # B starts at 0: give the adapter a direction, so A gets a gradient too
+            for name, p in adapter_parameters(model).items():
+                p.copy_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(len(name))))
+    params = adapter_parameters(model) if lora else dict(model.named_parameters())
+    model.train()
+    prompts, prompt_mask = encode_prompts(tok, ["Calculate 3 + 4. Give just the result.", "What is 2 + 2?"], chat=True)
+    lengths = torch.tensor([7, 2, 5, 1])
+    gen = torch.Generator().manual_seed(0)
+    responses = torch.randint(0, tok.vocab_size, (4, 7), generator=gen)
+    resp_mask = torch.arange(7)[None] < lengths[:, None]
+    responses = responses.masked_fill(~resp_mask, tok.pad_token_id)
+    ids = torch.cat([prompts.repeat_interleave(2, 0), responses], 1)
+    mask = torch.cat([prompt_mask.repeat_interleave(2, 0).bool(), resp_mask], 1)
+    start = prompts.shape[1]
+    up = torch.randn(4, 7, generator=gen)
+
+    def run(packing: bool):
+        model.zero_grad()
+        lp, ent = sequence_logprobs(model, ids, mask, start, 0.7, with_entropy=True, packing=packing)
+        torch.where(resp_mask, up * lp + 0.3 * ent, 0.0).sum().backward()
+        grads = {k: p.grad.clone() for k, p in params.items() if p.grad is not None}
+        return lp.masked_fill(~resp_mask, 0).detach(), ent.masked_fill(~resp_mask, 0).detach(), grads
+
+    (lp1, ent1, g1), (lp0, ent0, g0) = run(True), run(False)
+    assert g0.keys() == g1.keys()
+    assert len(g0) == len(params)
+    # Two float32 evaluations of a 30-layer network of width ≤ 1,536 (tolerances.model_tol, the adapter's extra
+    # reductions inside its bound's slack): log-probs move by at most twice the logits' bound at max|z|, an entropy
+    # by that times the logit range; gradients relative to their largest entry, the backward doubling the chain.
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        z = float(model(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits.abs().max()) / 0.7
+    tol = 2 * model_tol(model.config, z)
+    torch.testing.assert_close(lp1, lp0, rtol=0, atol=tol)
+    torch.testing.assert_close(ent1, ent0, rtol=0, atol=tol * 2 * z)
+    rel = 2 * model_tol(model.config, 1.0)
+    for k in g0:
+        torch.testing.assert_close(g1[k], g0[k], rtol=rel, atol=rel * float(g0[k].abs().max()), msg=k)

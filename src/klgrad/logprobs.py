@@ -173,8 +173,9 @@ class _HeadLogprobsEntropy(torch.autograd.Function):
     logp = z[tok] − logsumexp(z), H = logsumexp(z) − Σ_v q_v·(z_v − max z) ... see :func:`head_logprobs`.
 
     Forward writes each chunk's logits into one (R, V) buffer (kept for backward: the only positions × vocabulary
-    tensor); backward turns each chunk of that buffer, in place, into g_x = (g·(onehot − q) − e·q·(log q + H)) / τ
-    and multiplies it out at once: ∂h = g_x·W, ∂W += g_xᵀ·h, ∂b += Σ g_x. No second (R, V) buffer is made.
+    tensor); backward makes each chunk's g_x = (g·(onehot − q) − e·q·(log q + H)) / τ from it (chunk-sized
+    temporaries) and multiplies it out at once: ∂h = g_x·W, ∂W += g_xᵀ·h, ∂b += Σ g_x. No second (R, V) buffer
+    is made, and the saved logits are left intact (a retained graph can run backward again).
     """
 
     @staticmethod
@@ -205,7 +206,7 @@ class _HeadLogprobsEntropy(torch.autograd.Function):
         for sl in _chunks(hidden.shape[0], ctx.chunk_size):
             g = grad_logp[sl, None].to(lse.dtype)  # (c, 1)
             e = grad_ent[sl, None].to(lse.dtype)  # (c, 1)
-            logq = _scaled(logits[sl], tau).sub_(lse[sl, None])  # (c, V) in place of the stored logits (fp32)
+            logq = _scaled(logits[sl], tau) - lse[sl, None]  # (c, V): a chunk, the stored logits stay intact
             q = logq.exp()
             gx = logq.add_(ent[sl, None]).mul_(e).add_(g).mul_(q).neg_()  # -q·(g + e·(log q + H))
             gx.scatter_add_(-1, tokens[sl, None], g)  # + g·onehot(tok)
@@ -249,8 +250,8 @@ def head_logprobs(
 
     logits = hidden·Wᵀ + b, z = logits / τ: logp_r = log softmax(z_r)[tokens_r], H_r = −Σ_v q_v log q_v. The
     head's product and the log-softmax run chunk by chunk over the R positions in one pass (float32 softmax
-    arithmetic); with gradients the chunk's logits are kept in one (R, V) buffer that backward overwrites with
-    their gradient and multiplies out chunk by chunk (∂hidden = g_x·W, ∂W = g_xᵀ·hidden), so a step holds one
+    arithmetic); with gradients the chunk's logits are kept in one (R, V) buffer from which backward makes
+    their gradient and multiplies it out chunk by chunk (∂hidden = g_x·W, ∂W = g_xᵀ·hidden), so a step holds one
     positions × vocabulary tensor instead of the logits and their gradient. Without gradients nothing is kept.
     Equal to ``token_logprobs_and_entropy(F.linear(hidden, W, b)[None], tokens[None], τ)`` up to rounding.
     """

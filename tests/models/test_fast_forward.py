@@ -125,25 +125,29 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(make):
     assert _shared_prompt_logits(model, ids, mask, 5) is not None  # the shared path is the one under test
     weights = torch.randn(12, t, generator=gen)
 
-    def run(shared):
+    def run(shared, packing=False):
         model.zero_grad()
-        lp, ent = sequence_logprobs(model, ids, mask, 5, 0.7, with_entropy=True, fast_forward=shared)
+        lp, ent = sequence_logprobs(
+            model, ids, mask, 5, 0.7, with_entropy=True, fast_forward=shared, packing=packing
+        )
         (torch.where(resp_mask, weights * lp + 0.3 * ent, 0.0)).sum().backward()
         grads = {k: p.grad.clone() for k, p in model.named_parameters()}
         return lp.masked_fill(~resp_mask, 0), ent.masked_fill(~resp_mask, 0), grads
 
     lp1, ent1, g1 = run(True)
     lp0, ent0, g0 = run(False)
+    lp2, ent2, g2 = run(True, packing=True)  # real positions only, the head fused into the log-softmax
     # Log-probs: twice the logits' rounding; entropies: H moves by at most max|Δz| times the logit range
     # (dH/dz_j = -p_j (z_j - E_p z)), bounded by 2 max|z|. Gradients: the backward doubles the chain of
     # reductions (tolerance relative to each tensor's largest entry).
     z = max_abs_logit(model, ids, mask) / 0.7  # temperature 0.7 scales the logits
     tol = 2 * model_tol(model.config, z)
-    torch.testing.assert_close(lp1, lp0, rtol=0, atol=tol)
-    torch.testing.assert_close(ent1, ent0, rtol=0, atol=tol * z)
     rel = 2 * model_tol(model.config, 1.0)
-    for k in g0:
-        torch.testing.assert_close(g1[k], g0[k], rtol=rel, atol=rel * float(g0[k].abs().max()), msg=k)
+    for lp, ent, grads in ((lp1, ent1, g1), (lp2, ent2, g2)):
+        torch.testing.assert_close(lp, lp0, rtol=0, atol=tol)
+        torch.testing.assert_close(ent, ent0, rtol=0, atol=tol * z)
+        for k in g0:
+            torch.testing.assert_close(grads[k], g0[k], rtol=rel, atol=rel * float(g0[k].abs().max()), msg=k)
 
 
 def test_shared_prompt_path_declines_holes_and_unshared_batches():

@@ -192,21 +192,25 @@ def test_fast_forward_equals_peft_forward_with_a_nonzero_adapter(make, targets):
     weights = torch.randn(ids.shape[0], ids.shape[1] - 5, generator=torch.Generator().manual_seed(2))
     params = adapter_parameters(model)
 
-    def run(fast_forward: bool):
+    def run(fast_forward: bool, packing: bool):
         model.zero_grad()
-        lp, ent = sequence_logprobs(model, ids, mask, 5, 0.7, with_entropy=True, fast_forward=fast_forward)
+        lp, ent = sequence_logprobs(
+            model, ids, mask, 5, 0.7, with_entropy=True, fast_forward=fast_forward, packing=packing
+        )
         resp = slow.response_mask
         torch.where(resp, weights * lp + 0.3 * ent, 0.0).sum().backward()
         return lp.masked_fill(~resp, 0), {k: p.grad.clone() for k, p in params.items()}
 
-    (lp1, g1), (lp0, g0) = run(True), run(False)
-    assert all(p.grad is None for n, p in model.named_parameters() if n not in params)  # the base is frozen
+    lp0, g0 = run(False, False)  # peft's own forward over every padded position
     tol = 2 * lora_tol(model.config, z / 0.7)  # temperature 0.7 scales the logits
-    torch.testing.assert_close(lp1, lp0, rtol=0, atol=tol)
     rel = 2 * lora_tol(model.config, 1.0)  # the backward doubles the chain of reductions
-    for k in g0:
-        assert float(g0[k].abs().max()) > 0, k  # every A and B gets a gradient
-        torch.testing.assert_close(g1[k], g0[k], rtol=rel, atol=rel * float(g0[k].abs().max()), msg=k)
+    for packing in (False, True):  # klgrad's shared-prompt forward, padded and packed
+        lp1, g1 = run(True, packing)
+        assert all(p.grad is None for n, p in model.named_parameters() if n not in params)  # the base is frozen
+        torch.testing.assert_close(lp1, lp0, rtol=0, atol=tol)
+        for k in g0:
+            assert float(g0[k].abs().max()) > 0, k  # every A and B gets a gradient
+            torch.testing.assert_close(g1[k], g0[k], rtol=rel, atol=rel * float(g0[k].abs().max()), msg=k)
     # merged and unmerged fast forwards agree too (one decoder of each kind on the same prompts)
     with torch.no_grad():
         merged = FastForward(model, merge_adapters=True).prefill(prompts, prompts != PAD, 1, 1)
