@@ -443,6 +443,19 @@ def test_every_remedy_claim_holds_in_the_audit(remedy, all_rows):
     assert {r.framework for r in REMEDIES} == {*FRAMEWORKS, "klgrad"}
 
 
+def test_nearest_head_breaks_round_off_ties_by_table_order():
+    """Two heads with the same expected gradient differ in float64 by round-off: the first in table order is named,
+    whichever of the two the round-off favours."""
+    from klgrad.audit.frameworks import nearest_head
+
+    g = torch.tensor([1.0, 0.0], dtype=F64)
+    far = torch.tensor([0.0, 1.0], dtype=F64)
+    for eps in (1e-15, -1e-15):
+        table = {"a@token": torch.tensor([0.5, 0.5], dtype=F64), "b@token": torch.tensor([0.5, 0.5 + eps], dtype=F64),
+                 "c@token": far}  # fmt: skip
+        assert nearest_head(g, table, 1.0).startswith("≈ a@token (")
+
+
 def test_clamp_ranges_are_where_the_formulas_say():
     by_id = {p.id: p for p in PRESETS}
     # k3 = e^{-u} - 1 + u reaches 10 at u ≈ -2.6150 (below: clamped) and u ≈ 11.00002 (above)

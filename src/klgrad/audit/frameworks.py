@@ -89,7 +89,9 @@ def klgrad_gradients(problem, aggregation: str = "token_sum") -> dict[str, Tenso
 def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float = 1e-9) -> str:
     """``head@level (target)`` of the first entry of ``table`` (klgrad heads in registry then level order, then
     the named targets) whose expected gradient ``g`` equals (relative error < ``exact``), else
-    ``≈ key (error)`` of the nearest one."""
+    ``≈ key (error)`` of the nearest one: the first in ``table`` order among those within a relative 1e-9 of the
+    smallest error, so that entries with the same expected gradient (``k1_as_loss@sequence`` and ``none``) tie by
+    order, not by float round-off."""
     errors = {key: _rel_error_floored(g, ref, scale) for key, ref in table.items()}
     for key, err in errors.items():
         if err < exact:
@@ -98,7 +100,8 @@ def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float
             name, level = key.split("@")
             target = KL_HEADS[name].targets.get(level.removesuffix("/|y|"))
             return f"{key} ({target})" if target and not level.endswith("/|y|") else key
-    key = min(errors, key=errors.__getitem__)
+    best = min(errors.values())
+    key = next(k for k, err in errors.items() if err <= best * (1 + 1e-9))
     return f"≈ {key} ({errors[key]:.2g})"
 
 
