@@ -160,6 +160,8 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
                         versions=preset.versions,
                         default=preset.default,
                         source=preset.source,
+                        std_normalised=preset.std_normalised,
+                        coef_default=list(preset.coef_default) if preset.coef_default else None,
                     )
                 )
     return rows
@@ -263,12 +265,21 @@ def select(name: str, version: str | None = None) -> tuple[FrameworkKL, ...]:
     return held
 
 
+def zero_weight_text(preset: FrameworkKL) -> str | None:
+    """``"kl_loss_coef defaults to 0"`` when switching ``preset`` on alone adds nothing (its weight defaults to 0),
+    else None."""
+    if preset.coef_default is None or preset.coef_default[1] != 0:
+        return None
+    return f"{preset.coef_default[0]} defaults to 0"
+
+
 def defaults_summary(framework: str) -> list[str]:
     """Which preset is ``framework``'s default KL in which versions, one line each."""
     lines = []
     for p in PRESETS:
         if p.framework == framework and p.default is not None:
-            lines.append(f"{p.id} ({p.variant}): default in {p.default}")
+            zero = zero_weight_text(p)
+            lines.append(f"{p.id} ({p.variant}): default in {p.default}" + (f" ({zero}: set it)" if zero else ""))
     return lines
 
 
