@@ -86,6 +86,7 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console) -
         print_framework_table,
         select,
         write_frameworks,
+        zero_weight_text,
     )
     from klgrad.audit.run import make_problem
 
@@ -107,6 +108,9 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console) -
         if version is not None and defaults:
             ids = ", ".join(f"{p.id} ({p.variant})" for p in defaults)
             console.print(f"\nIn {name} {version}, switching the KL on with default flags gives: {ids}", markup=False)
+            for p in defaults:
+                if (zero := zero_weight_text(p)) is not None:
+                    console.print(f"  {p.id}: {zero}, so the switch alone adds no KL: set it", markup=False)
         else:
             console.print("\nDefaults by version:\n  " + "\n  ".join(defaults_summary(name) or ["none"]), markup=False)
         from klgrad.audit.frameworks_doc import REMEDIES

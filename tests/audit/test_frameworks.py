@@ -101,6 +101,8 @@ FORMULAS = {
     "openrlhf/kl-loss-k2": (lambda u: clamp(0.5 * u * u, -10, 10), lambda u: u * within(0.5 * u * u, 10)),
     "openrlhf/kl-loss-k3": (clamped_k3, dclamped_k3),
     "openrlhf/kl-loss-k3-unclamped": (k3, dk3),
+    # value: k1 clamped ±10 (the default estimator); gradient: w·u, w = ρ = e^{0.37} (< the cap 10), no clamp
+    "openrlhf/kl-loss-unbiased-gradient": (lambda u: clamp(u, -10, 10), lambda u: RHO * u),
     "slime/kl-loss-k1": (lambda u: u, lambda u: 1.0),
     "slime/kl-loss-low-var-kl": (clamped_k3, dclamped_k3),
     "slime/kl-loss-low-var-kl-unbiased": (  # clamp after the ratio: ρ·k3 beyond ±10 has ∇ = 0
@@ -144,6 +146,7 @@ FORMULAS = {
         lambda u: 0.5 * (math.exp(u) * (u + 1) - 1) * within(0.5 * (math.exp(u) - 1) * u, 10),
     ),
     "roll/kl-loss-k3": (clamped_k3, dclamped_k3),
+    "roll/kl-loss-k3-seq-mean-token-sum": (clamped_k3, dclamped_k3),
     "open-instruct/k3-loss": (lambda u: math.expm1(-oi(u)) + oi(u), lambda u: dk3(u) * within(u, 40)),
     "open-instruct/ratio-k1-loss": (lambda u: RHO * oi(u), lambda u: RHO * (oi(u) + within(u, 40))),
     "open-instruct/k1-loss": (oi, lambda u: within(u, 40)),
@@ -178,6 +181,8 @@ REWARD_FORMULAS = {
     "rpg/rf-urkl-reward": lambda u: clamp(math.exp(u) * u, -10, 10),
     "roll/token-level-kl-gae": lambda u: u,
     "roll/token-level-kl-reinforce": lambda u: u,
+    "roll/token-level-kl-gae-seq-mean-token-sum": lambda u: u,
+    "roll/token-level-kl-reinforce-seq-mean-token-sum": lambda u: u,
     "areal/k1-reward": lambda u: clamp(u, -10, 10),
     "areal/k1-reward-unclamped": lambda u: u,
     "skyrl/kl-reward-grpo": low_var,
@@ -243,6 +248,82 @@ def test_gspo_bias_correction_uses_the_sequence_mean_log_ratio():
     (grad,) = torch.autograd.grad(term[1, 0], l)
     assert float(grad[1, 1]) != 0.0
     assert float(grad[1, 2]) == 0.0
+
+
+def test_openrlhf_unbiased_gradient_caps_the_detached_importance_weight_at_10():
+    """w = e^{l − o} is clamped to at most 10 and detached: with o = l − 3 (e^3 ≈ 20) the gradient is 10·u, and the
+    value is the k1 estimator's, clamped ±10, whatever w is."""
+    preset = next(p for p in PRESETS if p.id == "openrlhf/kl-loss-unbiased-gradient")
+    l = (U + R).clone().requires_grad_(True)
+    for shift, weight in ((3.0, 10.0), (-2.0, math.exp(-2.0))):
+        term = preset.token_kl(l, R, l.detach() - shift, MASK)
+        (grad,) = torch.autograd.grad(term.sum(), l)
+        for i, u in enumerate(U[:, 0].tolist()):
+            assert float(term[i, 0].detach()) == pytest.approx(clamp(u, -10, 10), rel=1e-12, abs=1e-12)
+            assert float(grad[i, 0]) == pytest.approx(weight * u, rel=1e-12, abs=1e-12)
+
+
+def test_roll_aggregation_and_openrlhf_unbiased_gradient_by_version():
+    """ROLL 0.1.0 defaulted to seq-mean-token-sum (a token sum), 0.1.1 on to seq-mean-token-mean; OpenRLHF's
+    --algo.kl.unbiased_gradient is in the 0.11.1 package, not in v0.11.0."""
+    by_id = {p.id: p for p in PRESETS}
+    at_0_1_0 = {p.id: p.aggregation for p in select("roll", "0.1.0")}
+    assert at_0_1_0 == {
+        "roll/kl-loss-k3-seq-mean-token-sum": "token_sum",
+        "roll/token-level-kl-gae-seq-mean-token-sum": "token_sum",
+        "roll/token-level-kl-reinforce-seq-mean-token-sum": "token_sum",
+    }
+    for version in ("0.1.1", "0.3.0"):
+        assert {p.id: p.aggregation for p in select("roll", version)} == {
+            "roll/kl-loss-k3": "seq_mean",
+            "roll/token-level-kl-gae": "seq_mean",
+            "roll/token-level-kl-reinforce": "seq_mean",
+        }
+    assert [p.id for p in select("roll", "0.1.0") if is_default(p, "0.1.0")] == [
+        "roll/kl-loss-k3-seq-mean-token-sum", "roll/token-level-kl-gae-seq-mean-token-sum",
+    ]  # fmt: skip
+    assert not is_default(by_id["roll/kl-loss-k3"], "0.1.0")
+    assert is_default(by_id["roll/kl-loss-k3"], "0.1.1")
+    for version, has in (("0.11.0", False), ("0.11.1", True), ("0.11.2", True)):
+        assert ("openrlhf/kl-loss-unbiased-gradient" in {p.id for p in select("openrlhf", version)}) is has
+    assert not is_default(by_id["openrlhf/kl-loss-unbiased-gradient"], "0.11.2")  # opt-in
+
+
+def test_zero_default_weights_and_std_normalised_rewards_are_recorded():
+    """ROLL's kl_loss_coef defaults to 0 (use_kl_loss alone adds nothing) and its init_kl_coef to 0.2; the KL in
+    the reward passes through a std normalisation in GRPO (verl, SkyRL) and in ms-swift; both are on the rows."""
+    from klgrad.audit.frameworks import zero_weight_text
+
+    zero = {p.id for p in PRESETS if zero_weight_text(p) is not None}
+    assert zero == {"roll/kl-loss-k3", "roll/kl-loss-k3-seq-mean-token-sum"}
+    for p in PRESETS:
+        if p.framework == "roll" and p.style == "reward":
+            assert p.coef_default == ("init_kl_coef", 0.2), p.id
+    assert {p.id for p in PRESETS if p.std_normalised} == {
+        "verl/kl-reward-grpo", "skyrl/kl-reward-grpo", "skyrl/kl-reward-grpo-k1", "ms-swift/kl-in-reward",
+    }  # fmt: skip
+    assert all(p.style == "reward" for p in PRESETS if p.std_normalised)
+
+
+def test_group_std_normalisation_cancels_beta_when_the_task_reward_has_no_spread():
+    """The docs' limit for the std-normalised KL-in-reward presets, in plain float64: a group whose task reward is
+    the same for every response gets advantages −(K_i − mean K)/std K whatever β is (up to the ε added to the
+    std), so the KL's size is lost and its ranking kept."""
+    kl = [0.31, 1.7, 0.02, 0.9, 0.55]  # summed KL of each response of one group
+    n = len(kl)
+
+    def advantages(beta: float, task: float = 1.0, eps: float = 1e-6) -> list[float]:
+        r = [task - beta * k for k in kl]
+        mean = sum(r) / n
+        std = math.sqrt(sum((x - mean) ** 2 for x in r) / (n - 1))  # torch.std: unbiased
+        return [(x - mean) / (std + eps) for x in r]
+
+    kl_mean = sum(kl) / n
+    kl_std = math.sqrt(sum((k - kl_mean) ** 2 for k in kl) / (n - 1))
+    want = [-(k - kl_mean) / kl_std for k in kl]
+    for beta in (0.001, 0.05, 1.0, 20.0):  # the ε shrinks every advantage by the factor 1/(1 + ε/(β·std K))
+        assert advantages(beta) == pytest.approx(want, rel=1e-6 / (beta * kl_std) + 1e-12)
+    assert advantages(1.0, eps=0.0) == pytest.approx(want, rel=1e-12)
 
 
 def test_presets_carry_versions_sources_and_stable_ids():
@@ -317,7 +398,8 @@ def test_the_audit_verdicts_follow_from_the_math(rows):
     """What the derivations say each framework's KL differentiates to, checked by exact enumeration."""
     # k3 as a per-token loss: the per-step forward KL under a token sum
     for pid in ("trl/grpo-k3", "verl/kl-loss-low-var-kl", "openrlhf/kl-loss-k3", "nemo-rl/k3-loss-detached-weight",
-                "open-instruct/k3-loss", "ms-swift/k3-loss", "roll/kl-loss-k3", "torchtune/grpo-k3"):  # fmt: skip
+                "open-instruct/k3-loss", "ms-swift/k3-loss", "roll/kl-loss-k3", "torchtune/grpo-k3",
+                "roll/kl-loss-k3-seq-mean-token-sum"):  # fmt: skip
         assert row(rows, pid, aggregation="token_sum" if "token_sum" in {k[1] for k in rows if k[0] == pid}
                    else "token_mean")["equals"] == "k3_as_loss@token (local_fkl)", pid  # fmt: skip
     # k3 × a ratio carrying gradient, k2 as a loss, verl's straight-through, NeMo-RL's e^{x − sg x}, Open-Instruct's
@@ -331,9 +413,20 @@ def test_the_audit_verdicts_follow_from_the_math(rows):
         "nemo-rl/k3-loss",
         "nemo-rl/k3-loss-on-policy-approximation",
         "open-instruct/ratio-k1-loss",
+        "openrlhf/kl-loss-unbiased-gradient",
         "tinker/kl-advantage",  # k1 per token into the advantage, no return: the same per-step term
     ):
         assert row(rows, pid)["equals"] == "k1_in_reward@token (local_rkl)", pid
+    # off-policy, OpenRLHF's detached w·∇k2 and TRL's differentiable ρ·k3 have the same per-token gradient ρ·u
+    # (w < 10 here): the same row, neither the per-step reverse KL (the prefixes are still π_old's)
+    unbiased = row(rows, "openrlhf/kl-loss-unbiased-gradient", "off_policy")
+    trl_bc = row(rows, "trl/grpo-k3-bias-correction", "off_policy")
+    assert unbiased["err_rkl"] == pytest.approx(trl_bc["err_rkl"], rel=1e-9)
+    assert unbiased["equals"] == trl_bc["equals"]
+    assert unbiased["equals"].startswith("≈")
+    # ROLL 0.1.0's seq-mean-token-sum: the token-level KL in the reward with REINFORCE returns is a sum, exact
+    assert row(rows, "roll/token-level-kl-reinforce-seq-mean-token-sum")["err_rkl"] < 1e-12
+    assert row(rows, "roll/token-level-kl-reinforce")["equals"] == "k1_in_reward@token_to_go/|y|"
     # ... but GSPO's sequence-mean ratio is neither per-step KL
     assert row(rows, "trl/grpo-k3-bias-correction-gspo")["equals"].startswith("≈")
     # k1 as a loss has zero expected gradient under a token sum, and is a pure length term under 1/|y|
@@ -443,6 +536,19 @@ def test_every_remedy_claim_holds_in_the_audit(remedy, all_rows):
     assert {r.framework for r in REMEDIES} == {*FRAMEWORKS, "klgrad"}
 
 
+def test_nearest_head_breaks_round_off_ties_by_table_order():
+    """Two heads with the same expected gradient differ in float64 by round-off: the first in table order is named,
+    whichever of the two the round-off favours."""
+    from klgrad.audit.frameworks import nearest_head
+
+    g = torch.tensor([1.0, 0.0], dtype=F64)
+    far = torch.tensor([0.0, 1.0], dtype=F64)
+    for eps in (1e-15, -1e-15):
+        table = {"a@token": torch.tensor([0.5, 0.5], dtype=F64), "b@token": torch.tensor([0.5, 0.5 + eps], dtype=F64),
+                 "c@token": far}  # fmt: skip
+        assert nearest_head(g, table, 1.0).startswith("≈ a@token (")
+
+
 def test_clamp_ranges_are_where_the_formulas_say():
     by_id = {p.id: p for p in PRESETS}
     # k3 = e^{-u} - 1 + u reaches 10 at u ≈ -2.6150 (below: clamped) and u ≈ 11.00002 (above)
@@ -484,5 +590,8 @@ def test_cli_writes_frameworks_json(tmp_path, capsys):
     assert main(["audit", "--framework", "trl", "--out", str(tmp_path)]) == 0  # the installed TRL's version
     out = capsys.readouterr().out
     assert "the installed package trl is version" in out
+    assert main(["audit", "--framework", "roll", "--version", "0.1.1", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "roll/kl-loss-k3: kl_loss_coef defaults to 0, so the switch alone adds no KL" in out
     assert main(["audit", "--framework", "nope", "--out", str(tmp_path)]) == 2
     assert main(["audit", "--framework", "all", "--version", "1.0", "--out", str(tmp_path)]) == 2

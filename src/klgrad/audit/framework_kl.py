@@ -140,6 +140,13 @@ class FrameworkKL:
     reference_is_behaviour: bool = False
     """The reference is the behaviour policy π_old (RPG's ``use_iterative_ref_model``, prime-rl's inference
     policy): audited off-policy only, on the problem with π_ref := π_old (on-policy π_old = π and the term is 0)."""
+    std_normalised: str = ""
+    """Reward presets: where the summed KL, inside the reward, is divided by a standard deviation of that reward
+    (GRPO's group std, a batch std), as text; empty when it is not. Recorded, not audited: the rows have no task
+    reward, group or batch (docs/frameworks.md, “Not modelled”)."""
+    coef_default: tuple[str, float] | None = None
+    """(config field, default) of the KL weight this term is multiplied by, where it was read; a default of 0
+    means switching the term on alone adds nothing. None: not recorded. The audit itself is at β = 1."""
     note: str = ""
     """What a user should know beyond the formula (shown in docs/frameworks.md)."""
 

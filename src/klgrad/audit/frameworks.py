@@ -89,7 +89,9 @@ def klgrad_gradients(problem, aggregation: str = "token_sum") -> dict[str, Tenso
 def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float = 1e-9) -> str:
     """``head@level (target)`` of the first entry of ``table`` (klgrad heads in registry then level order, then
     the named targets) whose expected gradient ``g`` equals (relative error < ``exact``), else
-    ``≈ key (error)`` of the nearest one."""
+    ``≈ key (error)`` of the nearest one: the first in ``table`` order among those within a relative 1e-9 of the
+    smallest error, so that entries with the same expected gradient (``k1_as_loss@sequence`` and ``none``) tie by
+    order, not by float round-off."""
     errors = {key: _rel_error_floored(g, ref, scale) for key, ref in table.items()}
     for key, err in errors.items():
         if err < exact:
@@ -98,7 +100,8 @@ def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float
             name, level = key.split("@")
             target = KL_HEADS[name].targets.get(level.removesuffix("/|y|"))
             return f"{key} ({target})" if target and not level.endswith("/|y|") else key
-    key = min(errors, key=errors.__getitem__)
+    best = min(errors.values())
+    key = next(k for k, err in errors.items() if err <= best * (1 + 1e-9))
     return f"≈ {key} ({errors[key]:.2g})"
 
 
@@ -157,6 +160,8 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
                         versions=preset.versions,
                         default=preset.default,
                         source=preset.source,
+                        std_normalised=preset.std_normalised,
+                        coef_default=list(preset.coef_default) if preset.coef_default else None,
                     )
                 )
     return rows
@@ -260,12 +265,21 @@ def select(name: str, version: str | None = None) -> tuple[FrameworkKL, ...]:
     return held
 
 
+def zero_weight_text(preset: FrameworkKL) -> str | None:
+    """``"kl_loss_coef defaults to 0"`` when switching ``preset`` on alone adds nothing (its weight defaults to 0),
+    else None."""
+    if preset.coef_default is None or preset.coef_default[1] != 0:
+        return None
+    return f"{preset.coef_default[0]} defaults to 0"
+
+
 def defaults_summary(framework: str) -> list[str]:
     """Which preset is ``framework``'s default KL in which versions, one line each."""
     lines = []
     for p in PRESETS:
         if p.framework == framework and p.default is not None:
-            lines.append(f"{p.id} ({p.variant}): default in {p.default}")
+            zero = zero_weight_text(p)
+            lines.append(f"{p.id} ({p.variant}): default in {p.default}" + (f" ({zero}: set it)" if zero else ""))
     return lines
 
 

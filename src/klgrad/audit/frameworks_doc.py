@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from klgrad.audit.framework_kl import AGGREGATIONS
-from klgrad.audit.frameworks import clamp_text, fmt_error, framework_rows, is_default
+from klgrad.audit.frameworks import clamp_text, fmt_error, framework_rows, is_default, zero_weight_text
 from klgrad.audit.presets import PRESETS
 from klgrad.audit.run import AuditConfig, make_problem
 from klgrad.choices import FRAMEWORKS
@@ -93,6 +93,27 @@ FINDINGS = """
   (`rpg_rf_rkl`), {rpg_rf} relative error against ∇KL(π‖π_old). Against a separate reference with samples from
   π (`use_iterative_ref_model=False`), `rpg_fkl` is k1 as a loss.
 - **prime-rl** has no reference KL: its `kl_tau` term is a trust region to the inference policy.
+- **Switched on, weight 0.** The audit is at β = 1, but {zero_weight}: the switch alone computes and logs the
+  term and adds no gradient until the weight is set.
+- **ROLL's aggregation changed in 0.1.1**: 0.1.0 defaulted to `loss_agg_mode: seq-mean-token-sum` (a token sum:
+  its k3 loss is the per-step forward KL, its token-level KL in the reward a sum), 0.1.1 on to
+  `seq-mean-token-mean` (weighted by 1/|y|); the `-seq-mean-token-sum` presets are 0.1.0's.
+
+## Not modelled
+
+- **The KL through a standard-deviation normalisation** ({std_presets}). These subtract the summed KL from the
+  task reward *before* the advantage is divided by a standard deviation of that reward (GRPO's group std; ms-swift's
+  `reinforce_plus_plus` a batch std). The audit's reward rows have no task reward, no group and no batch: they
+  give the KL its weight β, which is not what these frameworks give it. In a group g of G responses the KL enters
+  with weight β/σ_g, σ_g the std over the group of R − β·ΣKL, a random variable of all G responses' task rewards
+  and KLs: the expected gradient couples the G responses and depends on the task reward's distribution, which
+  the audit's problem (each response on its own, enumerated exactly, no task reward) does not have; enumerating
+  groups jointly would take 121^G terms. Two limits are exact. Where σ_g is the same for every group (large
+  groups whose spread is the task reward's), the direction is the row's and β becomes β/σ. Where a group's task
+  reward has no spread (every answer right, or every one wrong), its advantages are −(ΣKL_i − mean)/std of the
+  group's ΣKL: β cancels (up to the ε added to the std), so the KL's size is lost and only its ranking within the
+  group is kept (a test checks this). Between the two the KL's effective weight varies from group to group with
+  the task reward's spread: β on these rows is nominal.
 
 ## The exact reverse-KL gradient, in each framework
 
@@ -144,7 +165,8 @@ REMEDIES: tuple[Remedy, ...] = (
     Remedy(
         "openrlhf",
         "the default: `--init_kl_coef > 0` (0.01) without `--use_kl_loss`, `--kl_estimator k1` (default), one "
-        "update per rollout; exact while |log π − log π_ref| ≤ 10 per token (0.8.6+ clamps beyond)",
+        "update per rollout; exact while |log π − log π_ref| ≤ 10 per token (0.8.6+ clamps beyond). As a loss, "
+        "`--algo.kl.use_loss --algo.kl.unbiased_gradient` (0.11.1+) is the per-step reverse KL on-policy",
         "openrlhf/k1-reward",
         "token_mean",
         "exact",
@@ -184,7 +206,8 @@ REMEDIES: tuple[Remedy, ...] = (
     Remedy(
         "roll",
         "`add_token_level_kl: true`, `kl_penalty: kl` (default), `adv_estimator: reinforce` or `grpo`, "
-        "`loss_agg_mode: token-mean` (the default `seq-mean-token-mean` weights by 1/|y|), `use_kl_loss: false`",
+        "`loss_agg_mode: token-mean` (the default since 0.1.1, `seq-mean-token-mean`, weights by 1/|y|; 0.1.0's "
+        "default `seq-mean-token-sum` is already a sum), `use_kl_loss: false`",
         "roll/token-level-kl-reinforce",
         "token_sum",
         "exact",
@@ -254,6 +277,21 @@ REMEDIES: tuple[Remedy, ...] = (
 )
 
 
+def _join(items) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _zero_weight() -> str:
+    """``for `a` and `b` the weight `kl_loss_coef` defaults to 0``, one clause per weight's name."""
+    by_name: dict[str, list[str]] = {}
+    for p in PRESETS:
+        if zero_weight_text(p) is not None:
+            by_name.setdefault(p.coef_default[0], []).append(f"`{p.id}`")
+    return _join(f"for {_join(ids)} the weight `{name}` defaults to 0" for name, ids in by_name.items())
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -308,6 +346,8 @@ def findings(rows: list[dict]) -> str:
         ppo_k1=fmt_error(get("trl/ppo-k1-reward")["err_rkl"]),
         rpg_fkl=fmt_error(get("rpg/fkl-iterative", "off_policy")["err_fkl"]),
         rpg_rf=fmt_error(get("rpg/rf-fkl-reward", "off_policy")["err_rkl"]),
+        zero_weight=_zero_weight(),
+        std_presets=_join(f"`{p.id}`" for p in PRESETS if p.std_normalised),
         remedies="\n".join(lines),
     )
 
@@ -355,6 +395,10 @@ def frameworks_markdown() -> str:
                 continue
             default = f"; ★ default in {_cell(p.default)}" if p.default else ""
             note = f" *{_cell(p.note)}.*" if p.note else ""
+            if p.std_normalised:
+                note += f" *Divided by a std (not audited): {_cell(p.std_normalised)}.*"
+            if p.coef_default is not None:
+                note += f" *Weight `{p.coef_default[0]}` defaults to {p.coef_default[1]:g}.*"
             lines.append(f"- `{p.id}` ({_cell(p.versions)}{default}): {_cell(p.source)}.{note}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -12,7 +12,10 @@ packages 1.9.2–1.16.0; volcengine/verl b178a3cd (2026-01-29) and the 0.7.1–0
 complex-reasoning/RPG ec8e30bd (2026-06-14); alibaba/ROLL 8eb27cc2 (2026-08-19); inclusionAI/AReaL 4aef98d8
 (2026-05-21); allenai/open-instruct e6c3044a (2026-08-20); pytorch/torchtune bd2a0fc7 (2026-04-23);
 PrimeIntellect-ai/prime-rl 559b4477 (2026-08-21); NovaSky-AI/SkyRL a9564572 (2026-08-21); modelscope/ms-swift
-3602360a (2026-08-22); thinking-machines-lab/tinker-cookbook 9dfcc3a2 (2026-08-19, v0.5.5).
+3602360a (2026-08-22); thinking-machines-lab/tinker-cookbook 9dfcc3a2 (2026-08-19, v0.5.5). Re-read 2026-11-26, with
+the same snapshots: ROLL (its tags v0.1.0–v0.3.0), ms-swift (tags v3.12.6–v4.5.2), TRL's bias-correction presets
+(the 1.9.2, 1.10.0 and 1.16.0 packages), OpenRLHF's KL loss (the 0.11.1 and 0.11.2 packages) and SkyRL (the skyrl
+0.3.0 package); those presets' sources say so.
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ def nemo_kl(l: Tensor, r: Tensor, weight: Tensor, input_clamp: float | None = 20
 
 def clamp10(x: Tensor) -> Tensor:
     return x.clamp(-10.0, 10.0)
+
+
+def openrlhf_unbiased_gradient(l: Tensor, r: Tensor, o: Tensor, m: Tensor) -> Tensor:
+    """OpenRLHF ``--algo.kl.unbiased_gradient``: the value of the chosen estimator (k1 by default), clamped ±10,
+    with the gradient of w·½(l − r)², w = e^{l − o} capped at 10 and detached (its straight-through form)."""
+    w = token_ratio(l, o).clamp(max=10.0).detach()
+    return straight_through(clamp10(k1_value(l, r)), w * k2_value(l, r))
 
 
 def zero(l: Tensor, r: Tensor, o: Tensor, m: Tensor) -> Tensor:
@@ -94,7 +104,10 @@ _add(
         lambda l, r, o, m: k3_value(l, r) * token_ratio(l, o),
         ">=0.26",
         _TRL + "trl/trainer/grpo_trainer.py: per_token_kl * coef_1, coef_1 = exp(logp − old_logp), neither "
-        "detached nor clipped (added in 0.26, commit f7d4985; default True from 1.10, PR #6503)",
+        "detached nor clipped (added in 0.26, commit f7d4985). Default True from 1.10 (PR #6503), read in the "
+        "released packages (the snapshot predates it and says False): trl 1.10.0 trl/trainer/grpo_config.py:965-966 "
+        "use_bias_correction_kl default=True, trl/trainer/grpo_trainer.py:3124-3146; trl 1.9.2 "
+        "grpo_config.py:962-963 default=False",
         "token_mean",
         default=">=1.10",
     ),
@@ -105,10 +118,12 @@ _add(
         lambda l, r, o, m: k3_value(l, r) * sequence_mean_ratio(l, o, m),
         ">=0.26",
         _TRL + "trl/trainer/grpo_trainer.py: coef_1 = exp(Σ_t m_t(logp − old)/|y|), shape (B, 1), times every "
-        "token's k3",
+        "token's k3 (re-read 2026-11-26 in the trl 1.10.0 package, grpo_trainer.py:3127-3146, and 1.16.0, "
+        "grpo_trainer.py:3087-3105: unchanged)",
         "token_mean",
-        note="TRL's docstring says the correction is unbiased only at token level; PR #7188 (open) proposes the "
-        "token ratio here",
+        note="TRL's docstring says the correction is unbiased only at token level; PR #6594 (the per-token ratio "
+        "here) was closed unmerged and PR #7188 (the same) is open, so no release has it; with the 1.10 default "
+        "this is what GSPO users get when beta > 0",
     ),
     FrameworkKL(
         "trl/rloo-k1-reward",
@@ -212,6 +227,7 @@ _add(
         "token rewards, subtracts the group mean, divides by the group std",
         "token_mean",
         returns="sequence",
+        std_normalised="the group std (GRPO's default normalisation, as its source line records)",
         note="in 0.2–0.3 there was no switch: k1 in the reward was on whenever use_kl_loss was off",
     ),
     FrameworkKL(
@@ -280,7 +296,9 @@ _add(
         "loss",
         lambda l, r, o, m: clamp10(k3_value(l, r)),
         ">=0.8.6",
-        _ORLHF + "(kl_estimator='k3'): e^{r−l} − 1 − (r − l), clamp ±10",
+        _ORLHF + "(kl_estimator='k3'): e^{r−l} − 1 − (r − l), clamp ±10; the 0.11.2 package also clamps l − r "
+        "at −10 before the exponential (models/utils.py:106-109), where k3 > 10 is clamped anyway: the same value "
+        "and gradient",
         "token_mean",
     ),
     FrameworkKL(
@@ -291,6 +309,22 @@ _add(
         ">=0.6,<0.8.6",
         "OpenRLHF/OpenRLHF v0.8.5 openrlhf/models/utils.py compute_approx_kl (use_kl_estimator_k3 in 0.4.6–0.6.0)",
         "token_mean",
+    ),
+    FrameworkKL(
+        "openrlhf/kl-loss-unbiased-gradient",
+        "--algo.kl.use_loss --algo.kl.unbiased_gradient: the estimator's value, the gradient of w·k2 (w = π/π_old "
+        "capped at 10, detached)",
+        "loss",
+        openrlhf_unbiased_gradient,
+        ">=0.11.1",
+        "openrlhf 0.11.1 and 0.11.2 packages (PR #1309, merged 2026-08-14, after the v0.11.0 snapshot 3c3be623, "
+        "which lacks it; read 2026-11-26) openrlhf/models/utils.py compute_approx_kl: value.clamp(±10) of the "
+        "estimator; if unbiased_gradient: w = exp(logp − old).clamp(max=10).detach(), value.detach() + "
+        "w·½(l − r)² − (w·½(l − r)²).detach() (0.11.2: models/utils.py:113-127); trainer/ray/ppo_actor.py:318-325 "
+        "passes old_action_log_probs; cli/train_ppo_ray.py:458-460 --algo.kl.unbiased_gradient default False",
+        "token_mean",
+        note="off by default; the estimator (k1/k2/k3) only changes the logged value, every one gets this gradient; "
+        "the ½(l − r)² surrogate is not clamped",
     ),
 )
 
@@ -540,44 +574,90 @@ for _key, _label, _rule in _RF_RULES:
     )
 
 # ---------------------------------------------------------------------------------------------------- ROLL
-_ROLL = "alibaba/ROLL@8eb27cc2dc34 (2026-08-19) roll/"
+_ROLL = "alibaba/ROLL@8eb27cc2dc34 (2026-08-19; re-read 2026-11-26) roll/"
+_ROLL_AGG_0_1_0 = (
+    "; roll/pipeline/rlvr/rlvr_config.py:232-233 loss_agg_mode default seq-mean-token-sum, "
+    "roll/utils/functionals.py:232-237 agg_loss: Σ_t per response, mean over responses (a token sum at β/B)"
+)
+_ROLL_AGG = (
+    "; loss_agg_mode default seq-mean-token-mean from v0.1.1 (v0.1.1 roll/pipeline/rlvr/rlvr_config.py:236-237, "
+    "commit d9e9407f; roll/configs/base_config.py:571-573 at the snapshot)"
+)
+_ROLL_COEF = ("kl_loss_coef", 0.0)  # rlvr_config.py:209 at v0.1.0, configs/base_config.py:569 at the snapshot
+_ROLL_INIT_KL = ("init_kl_coef", 0.2)  # rlvr_config.py:173-174 at v0.1.0, configs/base_config.py:535 at the snapshot
+_roll_k3 = FrameworkKL(
+    "roll/kl-loss-k3",
+    "use_kl_loss: k3 (hard-coded), clamped ±10",
+    "loss",
+    lambda l, r, o, m: clamp10(k3_value(l, r)),
+    ">=0.1.1",
+    _ROLL + "utils/functionals.py:181-206 compute_approx_kl(kl_penalty='k3'): clamp(k3, ±10); pipeline/rlvr/"
+    "actor_pg_worker.py:118-124, 154: agg_loss(kl, loss_agg_mode), total_loss + kl_loss·kl_loss_coef" + _ROLL_AGG,
+    "seq_mean",
+    default=">=0.1.1",
+    coef_default=_ROLL_COEF,
+    note="use_kl_loss: true alone adds nothing: the term is computed and logged with weight kl_loss_coef, whose "
+    "default is 0 (configs/base_config.py:569)",
+)
+_roll_gae = FrameworkKL(
+    "roll/token-level-kl-gae",
+    "add_token_level_kl (k1 of old − ref) with the default adv_estimator gae (γ = 1, λ = 0.95)",
+    "reward",
+    lambda l, r, o, m: k1_value(l, r),
+    ">=0.1.1",
+    _ROLL + "utils/functionals.py:615-627 compute_token_reward: token_level_rewards − init_kl_coef·kld "
+    "(kl_penalty='kl'), compute_gae_advantage_return (functionals.py:502; gamma 1, lambd 0.95, configs/"
+    "base_config.py:513-514)" + _ROLL_AGG,
+    "seq_mean",
+    default=">=0.1.1",
+    returns="to_go",
+    lam=0.95,
+    coef_default=_ROLL_INIT_KL,
+    note="audited with a zero critic; the KL is added after the task reward's group normalisation "
+    "(pipeline/rlvr/rlvr_pipeline.py: reward_postprocess, then compute_token_reward)",
+)
+_roll_reinforce = FrameworkKL(
+    "roll/token-level-kl-reinforce",
+    "add_token_level_kl (k1) with adv_estimator grpo or reinforce (reward-to-go, γ = 1)",
+    "reward",
+    lambda l, r, o, m: k1_value(l, r),
+    ">=0.1.1",
+    _ROLL + "utils/functionals.py:488-500 compute_reinforce_return: cumulative reward_t + gamma·cumulative" + _ROLL_AGG,
+    "seq_mean",
+    returns="to_go",
+    coef_default=_ROLL_INIT_KL,
+)
+
+
+def _roll_0_1_0(preset: FrameworkKL, source: str) -> FrameworkKL:
+    """The same term in ROLL 0.1.0, whose default loss_agg_mode was seq-mean-token-sum: a token sum."""
+    return dataclasses.replace(
+        preset,
+        id=preset.id + "-seq-mean-token-sum",
+        variant=preset.variant + "; 0.1.0's default loss_agg_mode seq-mean-token-sum",
+        versions=">=0.1,<0.1.1",
+        source="alibaba/ROLL v0.1.0 roll/" + source + _ROLL_AGG_0_1_0,
+        aggregation="token_sum",
+        default=None if preset.default is None else ">=0.1,<0.1.1",
+        note=preset.note.replace("configs/base_config.py:569", "pipeline/rlvr/rlvr_config.py:209"),
+    )
+
+
 _add(
-    FrameworkKL(
-        "roll/kl-loss-k3",
-        "use_kl_loss: k3 (hard-coded), clamped ±10",
-        "loss",
-        lambda l, r, o, m: clamp10(k3_value(l, r)),
-        ">=0.1",
-        _ROLL + "utils/functionals.py compute_approx_kl(kl_penalty='k3'): clamp(k3, ±10); pipeline/rlvr/"
-        "actor_pg_worker.py: agg_loss(loss_agg_mode) · kl_loss_coef",
-        "seq_mean",
-        default=">=0.1",
-        note="loss_agg_mode defaults to seq-mean-token-mean since 0.1.1 (seq-mean-token-sum in 0.1.0)",
+    _roll_k3,
+    _roll_0_1_0(
+        _roll_k3,
+        "utils/functionals.py:160-190 compute_approx_kl(kl_penalty='k3'): clamp(k3, ±10); pipeline/rlvr/"
+        "actor_worker.py:32-37, 76-77: agg_loss(kl, loss_agg_mode), total_loss + kl_loss·kl_loss_coef",
     ),
-    FrameworkKL(
-        "roll/token-level-kl-gae",
-        "add_token_level_kl (k1 of old − ref) with the default adv_estimator gae (γ = 1, λ = 0.95)",
-        "reward",
-        lambda l, r, o, m: k1_value(l, r),
-        ">=0.1",
-        _ROLL + "utils/functionals.py compute_token_reward: token_level_rewards − init_kl_coef·kld "
-        "(kl_penalty='kl'), compute_gae_advantage_return(gamma 1, lambd 0.95)",
-        "seq_mean",
-        default=">=0.1",
-        returns="to_go",
-        lam=0.95,
-        note="audited with a zero critic; the KL is added after the task reward's group normalisation",
+    _roll_gae,
+    _roll_0_1_0(
+        _roll_gae,
+        "utils/functionals.py:493-505 compute_token_reward: token_level_rewards − init_kl_coef·kld; "
+        "compute_gae_advantage_return (functionals.py:396), rlvr_config.py:159-160 lambd 0.95, gamma 1",
     ),
-    FrameworkKL(
-        "roll/token-level-kl-reinforce",
-        "add_token_level_kl (k1) with adv_estimator grpo or reinforce (reward-to-go, γ = 1)",
-        "reward",
-        lambda l, r, o, m: k1_value(l, r),
-        ">=0.1",
-        _ROLL + "utils/functionals.py compute_reinforce_return: cumulative_reward = reward_t + gamma·cumulative",
-        "seq_mean",
-        returns="to_go",
-    ),
+    _roll_reinforce,
+    _roll_0_1_0(_roll_reinforce, "utils/functionals.py:382 compute_reinforce_return (γ = 1)"),
 )
 
 # ---------------------------------------------------------------------------------------------------- AReaL
@@ -705,7 +785,16 @@ _add(
 )
 
 # ---------------------------------------------------------------------------------------------------- SkyRL
-_SKY = "NovaSky-AI/SkyRL@a9564572eb8e (2026-08-21) skyrl/backends/skyrl_train/"
+_SKY = "NovaSky-AI/SkyRL@a9564572eb8e (2026-08-21; re-read 2026-11-26) skyrl/backends/skyrl_train/"
+_SKY_K3 = (
+    "; kl_estimator_type default 'k3' at the snapshot (skyrl/train/config/config.py:828) and in the skyrl 0.3.0 "
+    "package (config.py:602): PR #1445 (k3 → k2) is not merged"
+)
+_SKY_GRPO_STD = (
+    "the group std: compute_grpo_outcome_advantage (skyrl/backends/skyrl_train/utils/ppo_utils.py:1367-1389) "
+    "divides the summed token rewards minus the group mean by the group std + 1e-6 (grpo_norm_by_std, default "
+    "True, skyrl/train/config/config.py:892)"
+)
 _add(
     FrameworkKL(
         "skyrl/kl-loss-k3",
@@ -713,8 +802,8 @@ _add(
         "loss",
         lambda l, r, o, m: low_var_kl(l, r),
         ">=0.1",
-        _SKY + "utils/ppo_utils.py compute_approx_kl (clamp(r − l, ±20), k3, clamp ±10); workers/worker.py "
-        "masked_mean(kl, dim=-1).mean() whatever loss_reduction says",
+        _SKY + "utils/ppo_utils.py:88-120 compute_approx_kl (clamp(r − l, ±20), k3, clamp ±10); workers/"
+        "worker.py:1070-1080 masked_mean(kl, dim=-1).mean() whatever loss_reduction says" + _SKY_K3,
         "seq_mean",
         default=">=0.1",
         note="the policy loss's default loss_reduction is token_mean, so the two terms aggregate differently",
@@ -734,10 +823,11 @@ _add(
         "reward",
         lambda l, r, o, m: low_var_kl(l, r),
         ">=0.1",
-        "NovaSky-AI/SkyRL@a9564572eb8e (2026-08-21) skyrl/train/trainer.py apply_reward_kl_penalty: rewards − "
-        "kl·kl_loss_coef per token; GRPO sums the token rewards",
+        "NovaSky-AI/SkyRL@a9564572eb8e (2026-08-21; re-read 2026-11-26) skyrl/train/trainer.py:1409-1432 "
+        "apply_reward_kl_penalty: rewards − kl·kl_loss_coef per token; GRPO sums the token rewards" + _SKY_K3,
         "token_mean",
         returns="sequence",
+        std_normalised=_SKY_GRPO_STD,
         note="mutually exclusive with use_kl_loss (asserted)",
     ),
     FrameworkKL(
@@ -746,15 +836,16 @@ _add(
         "reward",
         lambda l, r, o, m: k1_value(l, r),
         ">=0.1",
-        "NovaSky-AI/SkyRL@a9564572eb8e (2026-08-21) skyrl/train/trainer.py apply_reward_kl_penalty with "
-        "compute_approx_kl(kl_estimator_type='k1'): log_probs − base, no clamp",
+        "NovaSky-AI/SkyRL@a9564572eb8e (2026-08-21; re-read 2026-11-26) skyrl/train/trainer.py:1409-1432 "
+        "apply_reward_kl_penalty with compute_approx_kl(kl_estimator_type='k1'): log_probs − base, no clamp",
         "token_mean",
         returns="sequence",
+        std_normalised=_SKY_GRPO_STD,
     ),
 )
 
 # ---------------------------------------------------------------------------------------------------- ms-swift
-_SWIFT = "modelscope/ms-swift@3602360a5623 (2026-08-22) swift/"
+_SWIFT = "modelscope/ms-swift@3602360a5623 (2026-08-22; re-read 2026-11-26) swift/"
 _add(
     FrameworkKL(
         "ms-swift/k3-loss",
@@ -762,8 +853,10 @@ _add(
         "loss",
         lambda l, r, o, m: low_var_kl(l, r),
         ">=4.0.4",
-        _SWIFT + "rlhf_trainers/grpo_trainer.py: safe_ratio = clamp(ref − logp, ±20); clamp(exp − safe − 1, ±10) "
-        "(commit 7b8f04b, 2026-03-30); loss_type grpo (per-sequence token mean)",
+        _SWIFT + "rlhf_trainers/grpo_trainer.py:987-990: safe_ratio = clamp(ref − logp, ±20); clamp(exp − safe − "
+        "1, ±10); loss_type grpo (per-sequence token mean). First released in v4.0.4 (rlhf_trainers/"
+        "grpo_trainer.py:1135-1136) as the cherry-pick 93e4f2bbe (2026-04-03) of #8464, whose main-branch commit "
+        "7b8f04b (2026-03-30) is first in v4.1.0",
         "seq_mean",
         default=">=4.0.4",
         note="beta defaults to 0.04: on by default; rollout importance weights, when on, also scale the KL",
@@ -774,7 +867,8 @@ _add(
         "loss",
         lambda l, r, o, m: k3_value(l, r),
         ">=3.4,<4.0.4",
-        "modelscope/ms-swift v4.0.0 swift/trainers/rlhf_trainer/grpo_trainer.py: exp(r − l) − (r − l) − 1",
+        "modelscope/ms-swift v4.0.0 swift/rlhf_trainers/grpo_trainer.py:1126-1127 (swift/trainers/rlhf_trainer/"
+        "grpo_trainer.py in 3.x, e.g. v3.12.6:1115-1116): exp(r − l) − (r − l) − 1",
         "seq_mean",
         default=">=3.4,<4.0.4",
     ),
@@ -784,10 +878,16 @@ _add(
         "reward",
         lambda l, r, o, m: k1_value(l, r),
         ">=3.10",
-        _SWIFT + "rl_core/advantage.py: kl = ((old − ref)·mask).sum(-1); rewards − beta·kl before the group "
-        "normalisation (inline in _compute_advantages in 3.10–4.3)",
+        _SWIFT + "rlhf_trainers/grpo_trainer.py:456-464: kl = ((old − ref)·mask).sum(-1) per response; "
+        "rl_core/advantage.py:60-61 compute_advantages: rewards − beta·kl, before the group mean (65-70) and the "
+        "std (72-97) (all inline in grpo_trainer.py in 3.10–4.3, e.g. v4.3.2 grpo_trainer.py:483-497)",
         "seq_mean",
         returns="sequence",
+        std_normalised="with advantage_estimator grpo: the group std (scale_rewards' grpo default 'group'); "
+        "reinforce_plus_plus: the batch std of the group-centred reward ('batch'); rloo: none, leave-one-out "
+        "mean ('none') (arguments/rlhf_args.py:384-390, rl_core/advantage.py:67-97)",
+        note="kl_in_reward defaults to True for rloo and reinforce_plus_plus, False for grpo "
+        "(arguments/rlhf_args.py:369-375)",
     ),
 )
 
