@@ -243,13 +243,13 @@ def test_head_logprobs_equals_head_then_log_softmax(seed, scale, chunk, temperat
     for a, b in zip(run(True), run(False), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
     with torch.no_grad():
-        lp, ent = head_logprobs(hidden, weight, bias, tokens, temperature, chunk)
+        lp, _ = head_logprobs(hidden, weight, bias, tokens, temperature, chunk)
     torch.testing.assert_close(lp, run(True)[0], rtol=0, atol=1e-12)
 
 
 def test_head_logprobs_frozen_head_makes_no_weight_gradient():
     """LoRA freezes the LM head: only the hidden states get a gradient (no (V, D) buffer is made for the head)."""
-    hidden, weight, bias, tokens = head_inputs(torch.float32, 3)
+    hidden, weight, _, tokens = head_inputs(torch.float32, 3)
     h = hidden.requires_grad_(True)
     lp, _ = head_logprobs(h, weight, None, tokens)
     lp.sum().backward()
