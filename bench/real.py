@@ -14,12 +14,14 @@ Four measures, each a ratio taken in this one run:
   trains and exits: the same work, measured the same way.
 - **Rollout vs ``generate``**: klgrad's sampler (fast decode) and transformers' ``generate`` (each prompt
   repeated G times, as TRL does) on the same 8 prompts × 4, ≤ 24 new tokens, temperature 0.7, alternated.
-- **Update vs the fp32 matmul peak**: one update (forward + backward + AdamW over the batch, k2_as_loss at
-  sequence level, GRPO shaping) on a real rollout batch: the matrix-product FLOPs it executes, counted by
-  ``torch.utils.flop_counter.FlopCounterMode`` on an untimed update of the same batch, per second of the
-  median timed update, against a 2048³ fp32 matmul timed in the same process just before. (The rule of thumb
-  6 · params · positions is also recorded, 4 · with LoRA, whose frozen weights need no weight gradient; it
-  counts the lm_head at prompt positions, where klgrad does not run it.)
+- **Packed vs padded**: the reference pass plus one update (forward + backward + AdamW over the batch, k2_as_loss
+  at sequence level, GRPO shaping) on a real rollout batch, with ``train.packing`` on (real response positions
+  only, the LM head fused into the log-softmax) and off (every padded slot), alternated in the same process.
+- **Update vs the fp32 matmul peak**: the packed update's *useful* FLOPs (:func:`useful_flops`: the weights ×
+  real positions, plus the attention pairs a real query may see) per second of the median timed update,
+  against a 2048³ fp32 matmul timed in the same process; beside it what
+  ``torch.utils.flop_counter.FlopCounterMode`` counts as executed (reference pass + update) over the useful.
+- **Rollout profile**: one rollout under ``torch.profiler``, the operators by self CPU time.
 
 Each contender runs in its own process (``python -m bench.real child ...``), one after another, so that its
 peak memory is its own and no two share the cores. Needs the ``smol`` and ``trl`` extras and
@@ -182,8 +184,6 @@ def phases_child(mode: str, repeats: int, seed: int) -> dict:
     import torch
 
     from bench.common import alternate, matmul_peak_gflops, median
-    from klgrad.models import count_parameters
-    from klgrad.models.lora import trainable_parameters
     from klgrad.models.sources import reference_path
     from klgrad.objective import ObjectiveSpec
     from klgrad.rollout.encoding import encode_prompts
@@ -228,50 +228,131 @@ def phases_child(mode: str, repeats: int, seed: int) -> dict:
     }
 
     roll = last["klgrad (fast decode)"]
+    profile = rollout_profile(samplers["klgrad (fast decode)"], policy, ids, mask, r, seed)
     policy.train()
-    logprob_fn = make_logprob_fn(r.temperature)
-    with torch.no_grad():
-        ref_logp, _ = logprob_fn(ref, roll.input_ids, roll.attention_mask, ids.shape[1], False)
     rewards = torch.rand(roll.response_ids.shape[0], generator=torch.Generator().manual_seed(seed))
-    batch = Batch(roll.input_ids, roll.attention_mask, ids.shape[1], roll.response_mask, rewards, ref_logp, None)
     optimizer, _ = make_optimizer(cfg, policy)
     spec = ObjectiveSpec.from_config(cfg)
+    logprob_fns = {"packed": make_logprob_fn(r.temperature, packing=True)}
+    logprob_fns["padded"] = make_logprob_fn(r.temperature, packing=False)
+    batches = {}
+
+    def ref_pass(name):  # the reference's no-grad log-probs: the batch the update then trains on
+        with torch.no_grad():
+            ref_logp, _ = logprob_fns[name](ref, roll.input_ids, roll.attention_mask, ids.shape[1], False)
+        batches[name] = Batch(
+            roll.input_ids, roll.attention_mask, ids.shape[1], roll.response_mask, rewards, ref_logp, None
+        )
+
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:  # the warm-up update, its matmul FLOPs counted as executed
-        update(policy, optimizer, batch, cfg, spec, logprob_fn)
-    counted = counter.get_total_flops()
+    counted = {}
+    for name in logprob_fns:  # a warm-up reference pass and update of each, their matmul FLOPs counted as executed
+        with FlopCounterMode(display=False) as counter:
+            ref_pass(name)
+            update(policy, optimizer, batches[name], cfg, spec, logprob_fns[name])
+        counted[name] = counter.get_total_flops()
     peak = matmul_peak_gflops()
-    upd = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        update(policy, optimizer, batch, cfg, spec, logprob_fn)
-        upd.append(time.perf_counter() - t0)
+    ref_s: dict[str, list[float]] = {k: [] for k in logprob_fns}
+    upd_s: dict[str, list[float]] = {k: [] for k in logprob_fns}
+    for _ in range(repeats):  # alternated, so a slow moment of the machine hits both
+        for name, fn in logprob_fns.items():
+            t0 = time.perf_counter()
+            ref_pass(name)
+            t1 = time.perf_counter()
+            update(policy, optimizer, batches[name], cfg, spec, fn)
+            ref_s[name].append(t1 - t0)
+            upd_s[name].append(time.perf_counter() - t1)
+    useful = useful_flops(policy, ref, roll, ids, mask, lora=bool(cfg.model.lora_rank))
     n, t = roll.response_ids.shape
-    computed = int(mask.sum()) + n * (t - 1)  # shared-prompt positions: each prompt once, responses less the last
-    params = count_parameters(policy) - (
-        sum(p.numel() for p in trainable_parameters(policy)) if cfg.model.lora_rank else 0
-    )
-    flops_per = 4 if cfg.model.lora_rank else 6
-    nominal = flops_per * params * computed / median(upd) / 1e9
-    gflops = counted / median(upd) / 1e9
+    upd = upd_s["packed"]
     return {
-        "counted_flops": counted,
-        "nominal_gflops": nominal,
         "rollout": rollout,
+        "rollout_profile": profile,
+        "ref_s": ref_s,
+        "update_by_packing_s": upd_s,
         "update_s": upd,
+        "counted_flops_by_packing": counted,
+        "useful_flops": useful,
         "matmul_peak_gflops": peak,
-        "params": params,
-        "computed_positions": computed,
-        "batch_positions": int(roll.attention_mask.sum()),
-        "padded_positions": n * (ids.shape[1] + t),  # what a per-row forward (TRL's) runs: N·(L + T)
+        "packed_vs_padded": median([a + b for a, b in zip(ref_s["packed"], upd, strict=True)])
+        / median([a + b for a, b in zip(ref_s["padded"], upd_s["padded"], strict=True)]),
+        "update_useful_gflops": useful["update"] / median(upd) / 1e9,
+        "fraction_of_peak": useful["update"] / median(upd) / 1e9 / peak,
+        "executed_vs_useful": counted["packed"] / (useful["update"] + useful["reference"]),
+        "padded_executed_vs_useful": counted["padded"] / (useful["update"] + useful["reference"]),
         "response_tokens": int(roll.response_mask.sum()),
         "response_slots": n * t,
-        "flops_per_param_position": flops_per,
-        "update_gflops": gflops,
-        "fraction_of_peak": gflops / peak,
+        "prompt_positions": int(mask.sum()),
+        "padded_prompt_positions": int(mask.numel()),
         "threads": torch.get_num_threads(),
     }
+
+
+def useful_flops(policy, ref, roll, ids, mask, lora: bool) -> dict:
+    """FLOPs of the reference pass and of one update counted over real positions only (what no padding costs).
+
+    Per position the model's weights cost 2 FLOPs each forward; an update adds 2 for the input gradient and, for a
+    trained weight, 2 for its gradient (6 per trained weight, 4 per frozen one under LoRA). Positions: each
+    distinct prompt's real tokens once, each response's real tokens but the last through the decoder layers, and
+    every real response token through the LM head. Attention: each real query with each key it may see (its
+    prompt's real tokens and its own earlier ones), QKᵀ and PV at 2·d FLOPs per head each forward, 3× that with
+    backward.
+    """
+    from klgrad.models.lora import adapter_parameters
+
+    cfg = policy.config
+    d, h, layers = cfg.hidden_size // cfg.num_attention_heads, cfg.num_attention_heads, cfg.num_hidden_layers
+    head = cfg.hidden_size * cfg.vocab_size
+    base = sum(p.numel() for n, p in ref.named_parameters() if "embed_tokens" not in n and "norm" not in n)
+    if policy.config.tie_word_embeddings:
+        base += head  # the tied head is the embedding matrix, used as a product too
+    body = base - head
+    adapter = sum(p.numel() for p in adapter_parameters(policy).values()) if lora else 0
+    prompt_len = mask.sum(-1)  # (P,) real prompt tokens
+    lengths = roll.response_mask.sum(-1)  # (N,)
+    group = lengths.shape[0] // prompt_len.shape[0]
+    p_row = prompt_len.repeat_interleave(group)  # (N,)
+    body_pos = int(prompt_len.sum()) + int((lengths - 1).clamp(min=0).sum())
+    head_pos = int(lengths.sum())
+    pairs = int((prompt_len * (prompt_len + 1) // 2).sum())
+    for p, n_tok in zip(p_row.tolist(), lengths.tolist(), strict=True):
+        pairs += sum(p + t + 1 for t in range(max(n_tok - 1, 0)))
+    attn = 4 * d * h * layers * pairs  # forward
+    forward = 2 * (body * body_pos + head * head_pos) + attn
+    per_weight = 4 if lora else 6
+    update = per_weight * (body * body_pos + head * head_pos) + 6 * adapter * body_pos + 3 * attn
+    return {
+        "reference": forward,
+        "update": update,
+        "body_positions": body_pos,
+        "head_positions": head_pos,
+        "attention_pairs": pairs,
+    }
+
+
+def rollout_profile(sampler, policy, ids, mask, r, seed: int, top: int = 8) -> list[dict]:
+    """One rollout under torch.profiler: the ``top`` operators by self CPU time (where the decode's time goes)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    policy.eval()
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        sampler.generate(
+            policy,
+            ids,
+            mask,
+            group_size=r.group_size,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            generator=torch.Generator().manual_seed(seed),
+        )
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    return [
+        {"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / total, "calls": e.count}
+        for e in events[:top]
+    ]
 
 
 def child(task: dict) -> dict:
@@ -337,6 +418,12 @@ def main(steps: int = 3, repeats: int = 3) -> dict:
             "memory_vs_least_trl": rss["klgrad"] / least_trl,
             "rollout_vs_generate": ro["klgrad (fast decode)"]["tok_per_s"] / ro["transformers generate"]["tok_per_s"],
             "update_fraction_of_peak": ph["fraction_of_peak"],
+            "packed_vs_padded": ph["packed_vs_padded"],
+            "executed_vs_useful": ph["executed_vs_useful"],
+            "padded_executed_vs_useful": ph["padded_executed_vs_useful"],
+            "ref_plus_update_median_s": {
+                k: median(ph["ref_s"][k]) + median(ph["update_by_packing_s"][k]) for k in ph["ref_s"]
+            },
             "median_step_s": med,
             "peak_rss_gib": rss,
             "klgrad_phases_median_s": {k: median(v) for k, v in res["klgrad"]["phases_s"].items()},
@@ -352,15 +439,20 @@ def main(steps: int = 3, repeats: int = 3) -> dict:
         ph = res["phases"]
         for k, v in ph["rollout"].items():
             prow.append([mode, f"rollout: {k}", v["median_s"], f"{v['tok_per_s']:.0f} tok/s"])
+        for k in ph["ref_s"]:
+            prow.append([mode, f"reference pass ({k})", median(ph["ref_s"][k]), ""])
+            prow.append([mode, f"update ({k})", median(ph["update_by_packing_s"][k]), ""])
         prow.append(
             [
                 mode,
-                "update (matmul FLOPs counted as executed)",
+                "update (packed), useful FLOPs",
                 median(ph["update_s"]),
-                f"{ph['update_gflops']:.0f} GFLOP/s = {100 * ph['fraction_of_peak']:.0f}% of "
-                f"{ph['matmul_peak_gflops']:.0f}",
+                f"{ph['update_useful_gflops']:.0f} GFLOP/s = {100 * ph['fraction_of_peak']:.0f}% of "
+                f"{ph['matmul_peak_gflops']:.0f}; executed/useful {ph['executed_vs_useful']:.2f}",
             ]
         )
+        for op in ph["rollout_profile"][:5]:
+            prow.append([mode, f"rollout profile: {op['op']}", op["self_s"], f"{100 * op['share']:.0f}%"])
         for k, v in summary[mode]["klgrad_phases_median_s"].items():
             prow.append([mode, f"klgrad train {k}", v, ""])
     print_table(f"phases on {MODEL}", ["mode", "phase", "median s", "rate"], prow)
