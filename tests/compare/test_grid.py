@@ -55,6 +55,7 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         assert (out / name).is_file(), name
     data = json.loads((out / "summary.json").read_text())
     assert len(data["runs"]) == 6
+    assert data["temperature"] == 1.0  # tiny_add's rollout.temperature, the one every KL is taken at
     for r in data["runs"]:
         assert 0 <= r["greedy_accuracy"] <= 1
         assert r["exact_kl"] >= -1e-9  # a KL
