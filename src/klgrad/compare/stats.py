@@ -144,8 +144,9 @@ def paired_t_p(d: Sequence[float], alternative: str = "two-sided", shift: float 
     code used the exact sign-flip p below max − min ≤ 1e-12·max|d|) makes p jump from 2^(1−n) to ~10^−30 when
     one of n equal differences moves by 1e-9. The exact sign-flip p (:func:`sign_flip_p`) stays beside it in
     every test's record: where it is above α and this p below, the verdict rests on the t-test's normality.
-    The one discontinuity left is t's own 0/0 at d ≡ ``shift``; with shift = 0 (ordering claims) that is every
-    difference exactly 0, which no scaling or relative change of the data leaves.
+    The one discontinuity left is t's own 0/0 at d ≡ ``shift``: for an ordering claim (shift = 0) every
+    difference exactly 0, which no scaling or relative change of the data leaves; for a TOST every difference
+    exactly on the margin (one side's p is ½ there and 0 just inside it).
     """
     n = len(d)
     if n < 2:
