@@ -14,12 +14,15 @@ from klgrad.compare.grid import (
     EQUIVALENCE_MARGIN,
     PREDICTIONS,
     final_value,
+    holm_family_size,
     method_overrides,
     prediction_tests,
+    rewrite_summary,
     run_compare,
     summarize,
     summary_markdown,
 )
+from klgrad.compare.grid import main as grid_main
 from klgrad.compare.stats import OPPOSITE, SUPPORTED, UNRESOLVED, decide
 from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
 from tolerances import llama_depth, network_tol
@@ -52,6 +55,7 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         assert (out / name).is_file(), name
     data = json.loads((out / "summary.json").read_text())
     assert len(data["runs"]) == 6
+    assert data["temperature"] == 1.0  # tiny_add's rollout.temperature, the one every KL is taken at
     for r in data["runs"]:
         assert 0 <= r["greedy_accuracy"] <= 1
         assert r["exact_kl"] >= -1e-9  # a KL
@@ -218,6 +222,55 @@ def test_hand_built_results_get_the_verdicts_they_call_for():
     assert "**the opposite holds**: k3_as_loss ends lower than k2_as_loss" in md
     for claim, verdict in EXPECTED.items():
         assert f"**{verdict}** |" in md.split(f"| {claim}", 1)[1].split("\n", 1)[0], claim
+
+
+def test_summary_states_the_temperature_the_holm_family_and_that_welch_is_unadjusted():
+    methods = tuple(ARMS["exact_kl"])
+    summary = summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6, temperature=0.7)
+    preds = summary["predictions"]
+    assert summary["temperature"] == 0.7
+    md = summary_markdown(summary)
+    assert "final KL(π‖π_ref) at τ = 0.7" in md  # the plain answer's distance to the reference
+    assert "Every KL (exact, stepwise, sampled k1 and k3" in md
+    assert "at τ = 0.7, the sampling temperature" in md
+    # 8 claims, the equivalence claim twice: m = 9, as decide() adjusts them
+    assert holm_family_size(preds) == len(preds) + 1 == 9
+    assert "one family of the 9 tested hypotheses of 8 claims" in md
+    assert "| Welch p (unadj.) |" in md
+    assert "outside the Holm family, not used for any verdict" in md
+    assert all(p["welch"]["adjusted"] is False for p in preds)
+    assert "normality" not in md  # 6 seeds: the sign-flip p can reach 2/64 < 0.05
+    five = [r for r in _results() if r["seed"] < 5]
+    md5 = summary_markdown(summarize(five, methods, (0.5,), "token", steps=60, seeds=5))
+    assert "2/2^5 = 0.0625 ≥ α, so a verdict here rests on the t-test's normality" in md5
+    assert "at the sampling temperature (not recorded)" in md5
+
+
+def test_rewrite_summary_renders_a_summary_json_without_training(tmp_path, capsys):
+    """A summary.json written before the temperature was recorded: the rewrite needs it, records it, marks the
+    Welch records unadjusted, and writes summary.md as summary_markdown would; the numbers are left as they are."""
+    methods = tuple(ARMS["exact_kl"])
+    results = _results()
+    summary = summarize(results, methods, (0.5,), "token", steps=60, seeds=6)
+    del summary["temperature"]
+    for p in summary["predictions"]:
+        del p["welch"]["adjusted"]
+    (tmp_path / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
+    with pytest.raises(ValueError, match="does not record the sampling temperature"):
+        rewrite_summary(tmp_path)
+    md = rewrite_summary(tmp_path, 1.0)
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert list(saved)[list(saved).index("kl_metric") + 1] == "temperature"
+    assert saved["temperature"] == 1.0
+    assert all(p["welch"]["adjusted"] is False for p in saved["predictions"])
+    assert saved["runs"] == results
+    assert [p["p_adjusted"] for p in saved["predictions"]] == [p["p_adjusted"] for p in summary["predictions"]]
+    assert (tmp_path / "summary.md").read_text() == md == summary_markdown(saved)
+    assert "at τ = 1" in md
+    with pytest.raises(ValueError, match=r"records temperature 1\.0"):
+        rewrite_summary(tmp_path, 0.7)
+    assert grid_main(["--rewrite-summary", str(tmp_path)]) == 0  # recorded now: no --temperature needed
+    assert "summary.md" in capsys.readouterr().out
 
 
 def test_predictions_need_their_methods_and_pair_only_shared_seeds():

@@ -6,6 +6,8 @@ import math
 import random
 
 import pytest
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 
 from klgrad.compare.stats import (
     NOT_SUPPORTED,
@@ -124,20 +126,91 @@ def test_paired_false_positive_rate_is_near_alpha():
     assert 0.02 < hits / 400 < 0.09
 
 
-def test_zero_variance_differences_get_the_exact_sign_flip_p():
-    # Two seeds with the same difference: t would be infinite (p = 0), but 2 of the 4 equally likely sign
-    # patterns are as extreme, so p = 0.5 and nothing is decided.
-    assert paired_t_p([0.3, 0.3], "two-sided") == 0.5
-    assert paired_t_p([0.3, 0.3], "greater") == 0.25
+def test_zero_spread_gets_the_limit_of_a_small_spread():
+    # n equal differences: t = ±inf, the limit of t as the spread shrinks, so p = 0 (two-sided and in their own
+    # direction) and 1 against it, like the same differences a rounding apart.
+    assert paired_t_p([0.3, 0.3], "two-sided") == 0.0
+    assert paired_t_p([0.3, 0.3], "greater") == 0.0
     assert paired_t_p([0.3, 0.3], "less") == 1.0
-    assert paired_t_p([0.2, 0.2], "less", shift=0.2) == 1.0  # d = shift exactly: no evidence either way
+    assert paired_t_p([0.2, 0.2], "less", shift=0.2) == 0.5  # d = shift exactly: t = 0, no evidence either way
+    assert paired_t_p([0.0] * 4, "two-sided") == 1.0
+    # 1.0 − 1.3 and 2.0 − 2.3 differ by 2.2e-16 (one ulp of 2.3): t ≈ 3·10^15, p below 1e-15 either way.
     got = decide([paired_less([1.0, 2.0], [1.3, 2.3])])[0]
-    assert got["p_value"] == 0.5
-    assert got["verdict"] == UNRESOLVED
-    # Six equal differences: 2/64 < 0.05, as the sign-flip test itself would say.
+    assert got["p_value"] < 1e-15
+    assert got["verdict"] == SUPPORTED
+    assert got["p_sign_flip"] == 0.5  # the distribution-free p beside it: 2 of 4 sign patterns as extreme
     assert decide([paired_less([0.0] * 6, [0.5] * 6)])[0]["verdict"] == SUPPORTED
-    # TOST with equal differences inside the margin: each one-sided sign-flip p is 2^-n.
-    assert paired_equivalent([0.01] * 3, [0.0] * 3, margin=0.1)["p_value"] == 1 / 8
+    assert paired_equivalent([0.01] * 3, [0.0] * 3, margin=0.1)["p_value"] == 0.0
+
+
+ALPHA = 0.05
+
+
+def verdict_of(d: list[float]) -> str:
+    """The verdict of "mean(a) < mean(b)" on per-seed differences d, alone in its Holm family."""
+    return decide([paired_less(d, [0.0] * len(d))], alpha=ALPHA)[0]["verdict"]
+
+
+def test_equal_differences_are_no_cliff_under_a_1e_9_change():
+    """The audit's example: five equal differences of 0.05 gave p = 0.0625 (the sign-flip fallback) and, with
+    one of them moved by 1e-9, p = 1.5e-33 (the t-test). Now both are the t-test's p, ~0 at this spread."""
+    d = [0.05] * 5
+    moved = [*d[:4], 0.05 + 1e-9]
+    for alt in ("two-sided", "less", "greater"):
+        assert paired_t_p(moved, alt) == pytest.approx(paired_t_p(d, alt), abs=1e-12)
+    assert verdict_of([-x for x in d]) == verdict_of([-x for x in moved]) == SUPPORTED
+
+
+@pytest.mark.parametrize("factor", [1e-10, 1e6])
+@pytest.mark.parametrize(
+    "d",
+    [[0.05] * 5, [1e-3] * 5, [-0.2] * 3, [0.3, -0.1, 0.25, 0.2, 0.4], [1.0, 1.0, 2.0, -1.0, 0.5, 0.5]],
+    ids=["equal", "equal-small", "equal-negative", "spread", "ties"],
+)
+def test_p_values_and_verdicts_are_scale_invariant(d, factor):
+    """Every difference times one factor: same p (t and sign-flip) and verdict."""
+    scaled = [x * factor for x in d]
+    for alt in ("two-sided", "less", "greater"):
+        assert paired_t_p(scaled, alt) == pytest.approx(paired_t_p(d, alt), rel=1e-9, abs=1e-12)
+        assert sign_flip_p(scaled, alt) == sign_flip_p(d, alt)
+    assert verdict_of(scaled) == verdict_of(d)
+
+
+def test_tiny_equal_differences_get_the_same_p_as_large_ones():
+    """The audit's example: five differences of 1e-13 gave p = 1 (an absolute sign-flip tie tolerance of 1e-12
+    made every sign pattern a tie) where five of 0.05 gave 0.0625."""
+    assert sign_flip_p([1e-13] * 5) == sign_flip_p([0.05] * 5) == 2 / 32
+    assert paired_t_p([1e-13] * 5) == paired_t_p([0.05] * 5) == 0.0
+
+
+differences = st.lists(st.integers(-1000, 1000).map(lambda k: k / 1000), min_size=2, max_size=12)
+"""Per-seed differences in [−1, 1] on a grid of 1e-3: exact ties and equal values are common."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(differences, st.lists(st.floats(-1.0, 1.0), min_size=12, max_size=12))
+@example([0.05] * 5, [0.0] * 4 + [1.0] + [0.0] * 7)
+@example([-0.05] * 5, [1.0] * 12)
+def test_a_relative_change_of_1e_9_moves_p_by_at_most_1e_6(d, noise):
+    """d_s → d_s·(1 + 1e-9·η_s), |η_s| ≤ 1: the paired t p moves by at most 1e-6, so the verdict changes only
+    where p is within 1e-6 of α (never hit here). Fails on the old code at every run of equal differences."""
+    moved = [x * (1 + 1e-9 * e) for x, e in zip(d, noise, strict=False)]
+    for alt in ("two-sided", "less", "greater"):
+        assert abs(paired_t_p(moved, alt) - paired_t_p(d, alt)) <= 1e-6
+    p = paired_t_p(d, "two-sided")
+    assume(abs(p - ALPHA) > 1e-6)
+    assert verdict_of(moved) == verdict_of(d)
+
+
+@settings(max_examples=300, deadline=None)
+@given(differences, st.sampled_from([1e-10, 1e-3, 3.0, 1e6]))
+def test_a_common_factor_changes_no_p_value(d, factor):
+    """d → c·d for c > 0: t and the sign-flip count are invariant (the tie tolerance is relative to Σ|d|)."""
+    scaled = [x * factor for x in d]
+    for alt in ("two-sided", "less", "greater"):
+        assert paired_t_p(scaled, alt) == pytest.approx(paired_t_p(d, alt), rel=1e-9, abs=1e-12)
+        assert sign_flip_p(scaled, alt) == sign_flip_p(d, alt)
+    assert verdict_of(scaled) == verdict_of(d)
 
 
 def test_one_holm_family_holds_both_hypotheses_of_an_equivalence_claim():

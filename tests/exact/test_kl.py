@@ -9,6 +9,7 @@ their own derivation beside them.
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -112,8 +113,11 @@ def test_stepwise_kl_is_unbiased_by_full_enumeration(temperature):
     assert bool((s >= 0).all())
 
 
-def test_stepwise_kl_has_no_more_variance_than_k1():
-    """Rao–Blackwell: S(y) = E[k1 | the prefixes], so Var_π(S) ≤ Var_π(k1), computed exactly over every response."""
+def test_stepwise_kl_variance_against_k1_on_a_tiny_model():
+    """Var_π(S) against Var_π(k1) for one pair of random tiny models, computed exactly over every response.
+
+    A measurement on this pair, not a theorem: S is a sum of conditional means of k1's terms, each on its own
+    prefix, and can have more variance than k1 (next test). Here it has less."""
     policy, ref = tiny(7), tiny(8)
     prompt = [BOS, 4]
     responses = all_responses()
@@ -125,6 +129,55 @@ def test_stepwise_kl_has_no_more_variance_than_k1():
     mean_s, mean_k1 = (w * s).sum(), (w * k1).sum()
     assert float(mean_s) == pytest.approx(float(mean_k1), rel=1e-6)
     assert float((w * (s - mean_s) ** 2).sum()) < float((w * (k1 - mean_k1) ** 2).sum())
+
+
+class TableLM(torch.nn.Module):
+    """A language model given by a table: next-token logits as a function of the response prefix.
+
+    Prompts are one token; position 0 predicts the first response token from the prefix (), position j the
+    (j+1)-th from the first j response tokens. Enough of the Hugging Face interface for :func:`stepwise_kl`."""
+
+    def __init__(self, table: dict[tuple[int, ...], list[float]]):
+        super().__init__()
+        self.table = table
+        self.anchor = torch.nn.Parameter(torch.zeros(()))  # stepwise_kl reads the device off a parameter
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, logits_to_keep=0):
+        rows = [
+            [self.table.get(tuple(row[1 : 1 + j]), [0.0] * 3) for j in range(len(row))] for row in input_ids.tolist()
+        ]
+        logits = torch.tensor(rows, dtype=torch.float64)[:, -logits_to_keep:]
+        return type("Out", (), {"logits": logits})()
+
+
+def test_stepwise_kl_can_have_more_variance_than_k1():
+    """π_ref uniform on {aa, ab, ba, bb}, π uniform on {aa, ab, ba}, tokens a = 1, b = 2 (0 never drawn).
+
+    k1 = log((1/3)/(1/4)) = log 4/3 on every response: Var(k1) = 0. S(aa) = S(ab) = KL at step 1,
+    (2/3)·log 4/3 + (1/3)·log 2/3 = 0.0566, and S(ba) = that + KL(δ_a ‖ uniform) = + log 2 = 0.7498; both
+    means are log 4/3 = 0.2877 and Var(S) = (1/3)(2/3)·log² 2 = 0.1068, computed here by enumeration through
+    stepwise_kl. A zero logit of −1e4 is a probability of exactly 0 in float64 (e^−1e4 underflows)."""
+    never = -1e4
+    log = math.log
+    policy = TableLM({(): [never, log(2 / 3), log(1 / 3)], (1,): [never, 0.0, 0.0], (2,): [never, 0.0, never]})
+    ref = TableLM({(): [never, 0.0, 0.0], (1,): [never, 0.0, 0.0], (2,): [never, 0.0, 0.0]})
+    responses = [[1, 1], [1, 2], [2, 1]]  # π's support; bb has π-probability 0 and weight 0 in every moment
+    ids = torch.tensor([[0, *y] for y in responses])
+    attn = torch.ones_like(ids, dtype=torch.bool)
+    resp_mask = torch.ones((3, 2), dtype=torch.bool)
+    s = stepwise_kl(policy, ref, ids, attn, 1, resp_mask)
+    k1 = torch.full((3,), log(1 / 3) - log(1 / 4), dtype=torch.float64)
+    w = torch.full((3,), 1 / 3, dtype=torch.float64)
+    step1 = (2 / 3) * log(4 / 3) + (1 / 3) * log(2 / 3)
+    # float64 arithmetic on O(1) numbers: agreement to 1e-12 (module docstring)
+    assert s.tolist() == pytest.approx([step1, step1, step1 + log(2)], abs=1e-12)
+    mean_s, mean_k1 = float((w * s).sum()), float((w * k1).sum())
+    assert mean_s == pytest.approx(log(4 / 3), abs=1e-12)
+    assert mean_k1 == pytest.approx(log(4 / 3), abs=1e-12)
+    var_s, var_k1 = float((w * (s - mean_s) ** 2).sum()), float((w * (k1 - mean_k1) ** 2).sum())
+    assert var_k1 == 0.0
+    assert var_s == pytest.approx((2 / 9) * log(2) ** 2, abs=1e-12)  # 0.1068
+    assert var_s > var_k1
 
 
 def test_clustered_mean_se_by_hand():

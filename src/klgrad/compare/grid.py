@@ -72,7 +72,7 @@ FINAL_KEYS = (
 )
 KL_LABELS = {
     "exact_kl": "exact",
-    "stepwise_kl": "sampled, Rao–Blackwellised",
+    "stepwise_kl": "sampled, stepwise (exact next-token KLs summed along samples)",
     "sampled_k1": "sampled k1",
 }
 OBJECTIVE_KEYS = ("J", "J_star", "kl_to_optimum")
@@ -174,7 +174,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     )
     log_ratios = reference_log_ratios(sampled, ref, ids.shape[1], cfg.rollout.temperature)  # (P·samples,)
     out.update({f"sampled_{k}": v for k, v in sampled_kl_estimates(log_ratios).items()})
-    if "exact_kl" not in out:  # too long to enumerate: the Rao–Blackwellised estimate on the same samples
+    if "exact_kl" not in out:  # too long to enumerate: the stepwise estimate on the same samples
         steps = stepwise_kl(
             policy,
             ref,
@@ -268,7 +268,8 @@ def run_compare(
                     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
             results.append({"method": m, "beta": b, "seed": s, **json.loads(done.read_text())})
         bar.close()
-        summary = summarize(results, methods, betas, level, steps, seeds, margin)
+        temperature = sampling_temperature([cfgs[k] for k in grid])
+        summary = summarize(results, methods, betas, level, steps, seeds, margin, temperature=temperature)
         (out_dir / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
         (out_dir / "summary.md").write_text(summary_markdown(summary))
         plot_grid(out_dir, grid, methods, betas)
@@ -293,7 +294,7 @@ def paired_values(results: list[dict], a: str, b: str, beta: float, key: str) ->
 
 PREDICTIONS: tuple[tuple[str, str, str, str, str], ...] = (
     # (claim, kind, a, b, metric): "less" claims mean(a) < mean(b); "equivalent" claims a ≈ b. Metric "kl" is
-    # the summary's KL (exact when the tree can be enumerated, else the Rao–Blackwellised sampled estimate).
+    # the summary's KL (exact when the tree can be enumerated, else the stepwise sampled estimate).
     ("k1_as_loss ≈ none (no regularisation) on final KL", "equivalent", "k1_as_loss", "none", "kl"),
     ("k2_as_loss keeps KL below k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "kl"),
     ("k2_as_loss keeps the log-prob gap below k3_as_loss", "less", "k2_as_loss", "k3_as_loss", "logp_gap"),
@@ -343,7 +344,12 @@ def prediction_tests(results: list[dict], methods, beta: float, kl_key: str, mar
                 "a": a,
                 "b": b,
                 **test,
-                "welch": {"test": welch["test"], "p_value": welch["p_value"], "verdict": welch["verdict"]},
+                "welch": {
+                    "test": welch["test"],
+                    "p_value": welch["p_value"],
+                    "verdict": welch["verdict"],
+                    "adjusted": False,  # its own p at α: outside the Holm family, never the verdict
+                },
             }
         )
     return tests
@@ -351,17 +357,34 @@ def prediction_tests(results: list[dict], methods, beta: float, kl_key: str, mar
 
 def kl_metric(results: list[dict]) -> str:
     """The summary's KL(π‖π_ref): ``exact_kl`` (tree enumeration) when every run has it, else ``stepwise_kl``
-    (Rao–Blackwellised samples) when every run has it, else the sampled k1."""
+    (exact next-token KLs summed along samples) when every run has it, else the sampled k1."""
     for key in ("exact_kl", "stepwise_kl"):
         if results and all(r.get(key) is not None for r in results):
             return key
     return "sampled_k1"
 
 
+def sampling_temperature(cfgs: list[Config]) -> float:
+    """The one rollout temperature of a grid's runs: every KL of the summary is between the full distributions at
+    it (:func:`final_kl`), so the summary states it; runs at different temperatures are not one grid."""
+    temps = {c.rollout.temperature for c in cfgs}
+    if len(temps) != 1:
+        raise ValueError(f"a grid's runs must share rollout.temperature, got {sorted(temps)}")
+    return temps.pop()
+
+
 def summarize(
-    results: list[dict], methods, betas, level: str, steps: int, seeds: int, margin: float = EQUIVALENCE_MARGIN
+    results: list[dict],
+    methods,
+    betas,
+    level: str,
+    steps: int,
+    seeds: int,
+    margin: float = EQUIVALENCE_MARGIN,
+    temperature: float | None = None,
 ) -> dict:
-    """Per (method, β): mean ± 95% CI of every final metric; the paper's predictions at the first β."""
+    """Per (method, β): mean ± 95% CI of every final metric; the paper's predictions at the first β.
+    ``temperature`` is the sampling temperature τ every KL is taken at (None: not recorded)."""
     table: dict = {}
     for b in betas:
         for m in methods:
@@ -380,6 +403,7 @@ def summarize(
         "seeds": seeds,
         "betas": list(betas),
         "kl_metric": kl_key,
+        "temperature": temperature,
         "table": table,
         "predictions": preds,
     }
@@ -389,7 +413,7 @@ def plain_answer(summary: dict) -> list[str]:
     """A few plain sentences: how far each method ended from the reference, and what each prediction got."""
     b = summary["betas"][0]
     key = summary["kl_metric"]
-    label = f"KL(π‖π_ref), {KL_LABELS[key]}"
+    label = f"KL(π‖π_ref) {temperature_phrase(summary)}, {KL_LABELS[key]}"
     kls = []
     for name, row in summary["table"].items():
         method, beta = name.rsplit("@", 1)
@@ -410,8 +434,8 @@ def plain_answer(summary: dict) -> list[str]:
     if opt:
         ranked = ", ".join(f"{m} {v:.3f}" for v, m in sorted(opt))
         out.append(
-            f"**Distance to the optimum** π* ∝ π_ref·exp(R/β) of J_β = E[R] − β·KL (exact KL(π‖π*), closest "
-            f"first): {ranked}."
+            f"**Distance to the optimum** π* ∝ π_ref·exp(R/β) of J_β = E[R] − β·KL (exact KL(π‖π*) "
+            f"{temperature_phrase(summary)}, closest first): {ranked}."
         )
     out.append("")
     for p in summary["predictions"]:
@@ -434,7 +458,27 @@ def plain_answer(summary: dict) -> list[str]:
     return out
 
 
+def temperature_phrase(summary: dict) -> str:
+    """ "at τ = 0.7" (the sampling temperature every KL of the summary is taken at), or that it was not recorded."""
+    t = summary.get("temperature")
+    return "at the sampling temperature (not recorded)" if t is None else f"at τ = {t:g}"
+
+
+def holm_family_size(predictions: list[dict]) -> int:
+    """m of the summary's Holm family (:func:`klgrad.compare.stats.decide`): one hypothesis per ordering claim,
+    two per equivalence claim (TOST and difference)."""
+    return sum(2 if p["kind"] == "equivalent" else 1 for p in predictions)
+
+
 def summary_markdown(summary: dict) -> str:
+    preds = summary["predictions"]
+    n_min = min((p["n_pairs"] for p in preds), default=0)
+    normality = (
+        f" With {n_min} seeds the exact sign-flip p cannot go below 2/2^{n_min} = {2 / 2**n_min:.3g} ≥ α, so a "
+        "verdict here rests on the t-test's normality."
+        if preds and 2 / 2**n_min >= preds[0].get("alpha", 0.05)
+        else ""
+    )
     lines = [
         f"# klgrad compare — level `{summary['level']}`, {summary['steps']} steps, {summary['seeds']} seeds",
         "",
@@ -442,7 +486,9 @@ def summary_markdown(summary: dict) -> str:
         "",
         "## Final metrics",
         "",
-        "Mean ± 95% CI over seeds (t interval).",
+        f"Mean ± 95% CI over seeds (t interval). Every KL (exact, stepwise, sampled k1 and k3, KL to optimum, the KL "
+        f"in J_β) is between the full next-token distributions {temperature_phrase(summary)}, the sampling "
+        "temperature of the runs.",
         "",
         "| method @ β | greedy acc. | exact KL | stepwise KL | sampled k1 | sampled k3 | log-prob gap | "
         "reward std in group | "
@@ -469,14 +515,17 @@ def summary_markdown(summary: dict) -> str:
         "",
         "## The predictions",
         "",
-        "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test, "
-        "p Holm-adjusted over every tested hypothesis (an equivalence claim brings two: TOST and difference); exact "
-        "sign-flip p and the unpaired Welch p for comparison.",
+        "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test "
+        f"(two-sided; TOST for an equivalence claim), p Holm-adjusted in one family of the {holm_family_size(preds)} "
+        f"tested hypotheses of {len(preds)} claims (an equivalence claim brings two: TOST and difference). Beside "
+        "it, for comparison only: the exact sign-flip p (two-sided, unadjusted) and the unpaired Welch p (one-sided, "
+        "or Welch TOST; unadjusted, outside the Holm family, not used for any verdict)." + normality,
         "",
-        "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p | Welch p | verdict |",
+        "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p (unadj.) | Welch p (unadj.) "
+        "| verdict |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for p in summary["predictions"]:
+    for p in preds:
         lo, hi = p["ci95"]
         margin = f" (margin ±{p['margin']:.3g})" if "margin" in p else ""
         lines.append(
@@ -485,6 +534,53 @@ def summary_markdown(summary: dict) -> str:
             f"{p['welch']['p_value']:.3g} | **{p['verdict']}** |"
         )
     return "\n".join(lines) + "\n"
+
+
+def rewrite_summary(out_dir: Path, temperature: float | None = None) -> str:
+    """Rewrite ``out_dir/summary.md`` from ``out_dir/summary.json`` with the current :func:`summary_markdown`;
+    nothing is trained or re-decided (the verdicts and p-values are the ones summary.json holds).
+
+    ``temperature`` supplies the sampling temperature to a summary.json written before it was recorded and is
+    then written into it (after ``kl_metric``), with each Welch record marked ``"adjusted": false``; a recorded
+    temperature must agree. Returns the markdown.
+    """
+    path = out_dir / "summary.json"
+    summary = json.loads(path.read_text())
+    recorded = summary.get("temperature")
+    if recorded is None and temperature is None:
+        raise ValueError(f"{path} does not record the sampling temperature: pass the runs' rollout.temperature")
+    if recorded is not None and temperature is not None and recorded != temperature:
+        raise ValueError(f"{path} records temperature {recorded}, not {temperature}")
+    if recorded is None:
+        filled: dict = {}
+        for k, v in summary.items():
+            filled[k] = v
+            if k == "kl_metric":
+                filled["temperature"] = temperature
+        for p in filled["predictions"]:
+            p["welch"].setdefault("adjusted", False)
+        path.write_text(json.dumps(filled, indent=1))
+        summary = filled
+    md = summary_markdown(summary)
+    (out_dir / "summary.md").write_text(md)
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m klgrad.compare.grid --rewrite-summary DIR [DIR ...] [--temperature T]``: :func:`rewrite_summary`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m klgrad.compare.grid",
+        description="Rewrite summary.md of finished klgrad compare grids from their summary.json (no training).",
+    )
+    ap.add_argument("--rewrite-summary", nargs="+", metavar="DIR", required=True, type=Path)
+    ap.add_argument("--temperature", type=float, default=None, help="the runs' rollout.temperature, if not recorded")
+    args = ap.parse_args(argv)
+    for d in args.rewrite_summary:
+        rewrite_summary(d, args.temperature)
+        print(f"wrote {d / 'summary.md'}")
+    return 0
 
 
 PANELS = (
@@ -606,3 +702,7 @@ def plot_frontier(results: list[dict], path: Path, methods) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     save(fig, path, dpi=120)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -4,8 +4,11 @@
 sampling uniforms (common random numbers), so the seed is a block and the unit of analysis is the per-seed
 difference d_s = a_s − b_s. A prediction is decided on d by a paired t-test (the p-value that decides), with an
 exact sign-flip permutation p-value beside it (distribution-free; with n seeds its smallest two-sided value is
-2/2^n, so it needs n ≥ 6 to reach 0.05). Every hypothesis tested in one summary (an equivalence claim brings
-two) forms one family, Holm-adjusted (:func:`holm`, step-down) before a verdict is given. Verdicts:
+2/2^n, so it needs n ≥ 6 to reach 0.05). Both p-values are scale invariant, and the t-test's moves
+continuously with the data (t is extended by continuity to zero spread, :func:`t_statistic`), so a verdict does
+not change when every difference is multiplied by one factor or moved by rounding. Every hypothesis tested in
+one summary (an equivalence claim brings two) forms one family, Holm-adjusted (:func:`holm`, step-down) before a
+verdict is given. Verdicts:
 
 - ``supported``: the claimed direction is significant (Holm-adjusted two-sided p < α);
 - ``opposite``: significant in the other direction (for an equivalence claim: a significant difference);
@@ -14,7 +17,7 @@ two) forms one family, Holm-adjusted (:func:`holm`, step-down) before a verdict 
 An equivalence claim (a ≈ b) uses a paired TOST with a margin δ stated before the runs (not estimated from
 the runs it judges): both one-sided tests of |mean d| < δ must reject. The unpaired Welch tests
 (:func:`welch_less`, :func:`welch_equivalent`) remain for a secondary column and for designs without blocks;
-their verdicts are ``supported`` / ``not supported`` / not resolved.
+their verdicts are ``supported`` / ``not supported`` / not resolved, each at α on its own p (no Holm adjustment).
 """
 
 from __future__ import annotations
@@ -28,6 +31,16 @@ SUPPORTED, NOT_SUPPORTED, UNRESOLVED = "supported", "not supported", "not resolv
 OPPOSITE = "opposite"
 MAX_EXACT_FLIPS = 20
 """Sign-flip tests enumerate all 2^n sign patterns up to n = 20 seeds (about a million patterns)."""
+TIE_RTOL = 1e-12
+"""Two signed sums of the same |d_s| count as tied when they differ by at most TIE_RTOL·Σ|d_s|.
+
+Derivation (u = 2^-53 ≈ 1.1e-16): a float sum of n terms is off by at most γ_{n−1}·Σ|x|, γ_k = k·u/(1 − k·u),
+so two orders of summation of one exact tie differ by ≤ 2·γ_19·Σ|d| ≈ 4.2e-15·Σ|d| for n ≤ 20. The differences
+themselves come from operands: d_s = a_s − b_s carries the representation error of a_s and b_s, up to
+u·max(|a_s|, |b_s|) each (1.0 − 1.3 and 2.0 − 2.3 differ by 2.2e-16), so ties meant by the data survive operands
+up to 1e-12 / (2u) ≈ 4500 times |d|. Relative to Σ|d| rather than absolute (earlier code used
+1e-12·max(1, Σ|d|)), so a common factor on every d cannot turn distinct sums into ties: five differences of
+1e-13 then get 2/32 like five of 0.05, not p = 1."""
 
 
 def mean_ci(xs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
@@ -102,29 +115,50 @@ def paired_differences(a: Sequence[float], b: Sequence[float]) -> list[float]:
     return [x - y for x, y in zip(a, b, strict=True)]
 
 
-def no_spread(d: Sequence[float]) -> bool:
-    """True when the values differ by no more than float64 rounding of their size: max − min ≤ 1e-12·max|d|.
+def t_statistic(d: Sequence[float], shift: float = 0.0) -> float:
+    """One-sample t of mean(d) against ``shift``: t = (mean(d) − shift) / (sd(d)/√n), n − 1 degrees of freedom.
 
-    Differences a_s − b_s of equal offsets come out a few ulps of the operands apart (1.0 − 1.3 and 2.0 − 2.3
-    differ by 2.2e-16: one ulp of 2.3); 1e-12·|d| stays thousands of ulps above that for operands up to ~10³·|d|
-    and far below any seed-to-seed spread of a real grid. Below it a t statistic is a ratio of round-off."""
-    return max(d) - min(d) <= 1e-12 * max(abs(x) for x in d)
+    Extended by continuity to zero spread: when sd(d) = 0, t = ±∞ (the sign of mean(d) − shift), the limit of t
+    as the spread shrinks at a fixed mean, and t = 0 when every d_s equals ``shift`` (no evidence either way).
+    So t is scale invariant (t(c·d, c·shift) = t(d, shift) for c > 0) and a p-value taken from it moves
+    continuously with the data: equal differences give the same p as differences a rounding apart. No
+    tolerance is needed: differences that should be equal but are not by a few ulps give |t| ~ 1/ε ≈ 10^15,
+    whose p is 0 to float precision, the value the continuous extension gives to exactly equal ones.
+    """
+    e = [x - shift for x in d]
+    n = len(e)
+    m = sum(e) / n
+    sd = math.sqrt(sum((x - m) ** 2 for x in e) / (n - 1))
+    if sd == 0.0:
+        return math.copysign(math.inf, m) if m != 0.0 else 0.0
+    return m / (sd / math.sqrt(n))
 
 
 def paired_t_p(d: Sequence[float], alternative: str = "two-sided", shift: float = 0.0) -> float:
     """p-value of the one-sample t-test of mean(d) against ``shift`` (paired t-test on differences d).
 
-    t = (mean(d) − shift) / (sd(d)/√n) with n − 1 degrees of freedom; ``alternative`` is ``less``,
-    ``greater`` or ``two-sided``. With no spread in d, t is infinite (or 0/0) and says nothing about how often
-    such a pattern arises by chance: the exact sign-flip p of d − shift is returned instead (n equal
-    differences give 2^(1−n) two-sided, 2^−n one-sided in their own direction, 1 against it; 1 when d = shift).
+    p = 2·P(T ≥ |t|) (``two-sided``), P(T ≥ t) (``greater``) or P(T ≤ t) (``less``), T ~ t_{n−1}, with t from
+    :func:`t_statistic`, so n equal differences give p = 0 (two-sided, or one-sided in their direction) like
+    their neighbours with a rounding-level spread, and every difference equal to ``shift`` gives 1 (two-sided)
+    or ½ (one-sided). There is no zero-spread fallback: a switch to another test at a spread threshold (earlier
+    code used the exact sign-flip p below max − min ≤ 1e-12·max|d|) makes p jump from 2^(1−n) to ~10^−30 when
+    one of n equal differences moves by 1e-9. The exact sign-flip p (:func:`sign_flip_p`) stays beside it in
+    every test's record: where it is above α and this p below, the verdict rests on the t-test's normality.
+    The one discontinuity left is t's own 0/0 at d ≡ ``shift``: for an ordering claim (shift = 0) every
+    difference exactly 0, which no scaling or relative change of the data leaves; for a TOST every difference
+    exactly on the margin (one side's p is ½ there and 0 just inside it).
     """
     n = len(d)
     if n < 2:
         return float("nan")
-    if no_spread(d):  # sd = 0: t is ±inf (or 0/0); the exact sign-flip test is defined and honest
-        return sign_flip_p([x - shift for x in d], alternative)
-    return float(st.ttest_1samp([x - shift for x in d], 0.0, alternative=alternative).pvalue)
+    t, df = t_statistic(d, shift), n - 1
+    if alternative == "two-sided":
+        return float(min(1.0, 2.0 * st.t.sf(abs(t), df)))
+    if alternative == "greater":
+        return float(st.t.sf(t, df))
+    if alternative == "less":
+        return float(st.t.cdf(t, df))
+    raise ValueError(f"alternative must be 'less', 'greater' or 'two-sided', got {alternative!r}")
 
 
 def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
@@ -141,7 +175,7 @@ def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
         raise ValueError(f"sign_flip_p enumerates 2^n patterns; n = {n} > {MAX_EXACT_FLIPS}")
     mags = [abs(x) for x in d]
     obs = sum(d)
-    tol = 1e-12 * max(1.0, sum(mags))  # sums of the same magnitudes in another order: ties within rounding
+    tol = TIE_RTOL * sum(mags)  # relative, so p(c·d) = p(d) for every c > 0
     hits = 0
     for pattern in range(1 << n):
         total = sum(-m if (pattern >> i) & 1 else m for i, m in enumerate(mags))

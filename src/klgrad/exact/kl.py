@@ -240,9 +240,18 @@ def stepwise_kl(
         S(y) = Σ_{t < |y|} KL( π(·|x, y_{<t}) ‖ π_ref(·|x, y_{<t}) ),   E_{y~π}[S(y)] = KL(π(·|x) ‖ π_ref(·|x))
 
     by the chain rule of KL over whole responses (EOS and the length cap end both models' responses at the same
-    place). S is the Rao–Blackwellisation of the sampled log-ratio k1 = Σ_t log π(y_t|·)/π_ref(y_t|·): each
-    term is k1's term averaged over the token drawn at that step, so S has the same mean and never more
-    variance. It is the estimator of sequence KL for vocabularies too large for tree enumeration.
+    place). Each term is the conditional mean of the matching term of the sampled log-ratio k1 = Σ_t r_t,
+    r_t = log π(y_t|·)/π_ref(y_t|·), given the prefix: s_t = E[r_t | y_{<t}], so S has k1's mean. S is not one
+    conditional expectation of k1 (each term conditions on another prefix), so Rao–Blackwell bounds each term's
+    variance, not the sum's: with m_t = r_t − s_t (mean 0 given y_{<t}),
+
+        Var(k1) = Var(S) + Var(Σ_t m_t) + 2·Σ_{u<t} Cov(m_u, s_t),
+
+    and S has more variance than k1 when the log-ratio of a drawn token falls as the KL of the steps after it
+    rises. Example: π_ref uniform on {aa, ab, ba, bb}, π uniform on {aa, ab, ba}: k1 = log 4/3 for every y
+    (Var 0), S = 0.057 on aa, ab and 0.750 on ba (Var (2/9)·log²2 = 0.107); ``tests/exact/test_kl.py`` checks it.
+    On sampled LM responses it has been the smaller one (docs/reproduction.md, the real-model comparison). It is
+    the estimator of sequence KL for vocabularies too large for tree enumeration.
 
     ``input_ids``/``attention_mask`` (N, L) hold left-padded prompts in ``[:, :response_start]`` and responses
     after; ``response_mask`` (N, L − response_start) marks the generated tokens (EOS included).
