@@ -2,7 +2,8 @@
 over log-ratios u = l − r ∈ [−30, 30].
 
 Setup. Log-prob pairs (l, r) ≤ 0 with l − r = u, u on a grid of multiples of 0.01 in [−30, 30] plus ±10^k for
-k ∈ [−6, −2] (where a cancelling form loses its relative accuracy), around three base log-probs (0, −0.5, −2);
+k ∈ [−6, −2] (where a cancelling form loses its relative accuracy), around three base log-probs (0, −log 2,
+−log 10);
 stored in the dtype d under test. The gradient g is d(kl_loss_per_sequence at ``token`` level)/d(logp) by
 autograd, in d (as-loss heads: ∂ψ/∂l; in-reward heads: c); the coefficient is ``head.coefficient``. The
 reference g64 is the head's closed form written here, evaluated in float64 on the *same* rounded log-probs, so
@@ -50,11 +51,11 @@ E64 = 5e-10  # 4·2^-53/10^-6 ≈ 4.4e-10: the float64 references' cancellation 
 
 
 def _grid() -> tuple[Tensor, Tensor]:
-    """(l, r) float64, (3M,): l − r = u on the grid, both ≤ 0, around the bases 0, −0.5, −2."""
+    """(l, r) float64, (3M,): l − r = u on the grid, both ≤ 0, around the bases 0, −log 2, −log 10."""
     even = torch.arange(-3000, 3001, dtype=F64) / 100.0
     small = torch.logspace(-6.0, -2.0, 25, dtype=F64)
     u = torch.unique(torch.cat([even, small, -small]))
-    base = torch.tensor([0.0, -0.5, -2.0], dtype=F64)[:, None]
+    base = torch.tensor([0.0, -math.log(2.0), -math.log(10.0)], dtype=F64)[:, None]
     return (base + u.clamp(max=0.0)).reshape(-1), (base - u.clamp(min=0.0)).reshape(-1)
 
 

@@ -14,15 +14,18 @@ heads promote to float32 first, their rule, and round the gradient back to the i
 with float64 arithmetic on the *same* rounded log-probs, over u ∈ [−30, 30] (:func:`log_ratio_grid`). So the
 error is the term's arithmetic alone, not the rounding of the log-probs (no KL formula can undo that).
 
-Where the float64 value does not fit the dtype (|g| above its largest or below its smallest normal number) the
-point is left out of the relative error and reported as a range of u (``dtype_unrepresentable``), never hidden;
-so are points where the dtype's value is inf or nan although float64's fits (``dtype_nonfinite``), where it is
-exactly zero although float64's is not (``dtype_zero``), and where it is off by more than :data:`WRONG`
-(``dtype_wrong``).
+Where the float64 value does not fit the dtype the point is left out of the relative error and reported as a
+range of u, never hidden: above the dtype's largest number (``dtype_overflow``; float16's 65504 is e^{11.09}) or
+below its smallest normal number (``dtype_underflow``; float16's 6.1e-5: tiny gradients lose relative accuracy,
+not their size). So are points where the dtype's value is inf or nan although float64's fits
+(``dtype_nonfinite``), where it is exactly zero although float64's is not (``dtype_zero``), and where it is off by
+more than :data:`WRONG` (``dtype_wrong``). A reward term's g is a per-token value: near u = 0 k3's is u²/2, so its
+relative error there is that of a small number (an absolute error of about the dtype's unit roundoff).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,8 +42,8 @@ DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in AUDIT_D
 U_LIMIT = 30.0
 """The audited log-ratios: u ∈ [−U_LIMIT, U_LIMIT]."""
 
-BASE_LOG_PROBS: tuple[float, ...] = (0.0, -0.5, -2.0)
-"""The larger of each token's two log-probs (:func:`log_prob_pairs`): a sure token, a coin flip, a rare one."""
+BASE_LOG_PROBS: tuple[float, ...] = (0.0, -math.log(2.0), -math.log(10.0))
+"""The larger of each token's two log-probs (:func:`log_prob_pairs`): a sure token, a coin flip, one in ten."""
 
 WRONG = 0.1
 """A gradient whose relative error exceeds this is reported as wrong (``dtype_wrong``)."""
@@ -126,11 +129,34 @@ def u_ranges(u: Tensor, flagged: Tensor, max_runs: int = 2) -> str | None:
     if len(inner) <= max_runs:
         for a, b in inner:
             ua, ub = float(u[a]), float(u[b])
-            parts.append(f"u = {ua:.3g}" if ua == ub else f"{ua:.3g} ≤ u ≤ {ub:.3g}")
+            parts.append(f"u = {ua:.3g}" if f"{ua:.3g}" == f"{ub:.3g}" else f"{ua:.3g} ≤ u ≤ {ub:.3g}")
     else:
         points = torch.cat([u[a : b + 1] for a, b in inner])
         parts.append(f"{len(points)} points in [{float(points.min()):.3g}, {float(points.max()):.3g}]")
     return ", ".join(parts)
+
+
+def bridge(u: Tensor, flagged: Tensor, neutral: Tensor) -> Tensor:
+    """``flagged`` with each run of ``neutral`` points (in the order of ``u``) also flagged when the points on both
+    sides of it are: a range of u is not broken by points where nothing can go wrong (u = 0, where every KL
+    gradient is 0 in any dtype). Shapes (M,) -> (M,) bool."""
+    order = torch.argsort(u, stable=True)
+    f, n = flagged[order].tolist(), neutral[order].tolist()
+    out = list(f)
+    i = 0
+    while i < len(f):
+        if not n[i]:
+            i += 1
+            continue
+        j = i
+        while j < len(f) and n[j]:
+            j += 1
+        if i > 0 and j < len(f) and f[i - 1] and f[j]:
+            out[i:j] = [True] * (j - i)
+        i = j
+    result = torch.zeros_like(flagged)
+    result[order] = torch.tensor(out, dtype=torch.bool)
+    return result
 
 
 @dataclass(frozen=True)
@@ -143,8 +169,10 @@ class PrecisionReport:
     a clamp's edge, is in ``wrong``)."""
     worst_u: float | None
     """The log-ratio of that largest error."""
-    unrepresentable: str | None
-    """Where |g64| overflows the dtype or is below its smallest normal number (left out of ``grad_err``)."""
+    overflow: str | None
+    """Where |g64| is above the dtype's largest number (left out of ``grad_err``)."""
+    underflow: str | None
+    """Where 0 < |g64| is below the dtype's smallest normal number (left out of ``grad_err``)."""
     nonfinite: str | None
     """Where g is inf or nan although g64 fits the dtype."""
     zero: str | None
@@ -153,12 +181,13 @@ class PrecisionReport:
     """Where the relative error exceeds :data:`WRONG`, g is not finite, or g ≠ 0 = g64 (zeros included)."""
 
     def fields(self) -> dict:
-        """The JSON row fields: ``dtype``, ``dtype_grad_err``, ``dtype_grad_err_at`` and the four ranges."""
+        """The JSON row fields: ``dtype``, ``dtype_grad_err``, ``dtype_grad_err_at`` and the five ranges."""
         return dict(
             dtype=self.dtype,
             dtype_grad_err=self.grad_err,
             dtype_grad_err_at=self.worst_u,
-            dtype_unrepresentable=self.unrepresentable,
+            dtype_overflow=self.overflow,
+            dtype_underflow=self.underflow,
             dtype_nonfinite=self.nonfinite,
             dtype_zero=self.zero,
             dtype_wrong=self.wrong,
@@ -179,20 +208,24 @@ def precision_report(gradient: GradientFn, dtype: str, u: Tensor | None = None) 
     g = gradient(l_low, r_low).double()
     info = torch.finfo(low)
     mag = g64.abs()
-    fits = (mag == 0) | ((mag >= info.tiny) & (mag <= info.max))
+    over = mag > info.max
+    under = (mag > 0) & (mag < info.tiny)
+    fits = ~over & ~under
     finite = torch.isfinite(g)
     err = (g - g64).abs() / mag.clamp(min=info.tiny)  # relative where g64 ≠ 0
     ok = fits & finite & (mag > 0)
     err_ok = torch.where(ok, err, torch.zeros_like(err))
+    both_zero = (g64 == 0) & (g == 0)
     worst = int(torch.argmax(err_ok))
     return PrecisionReport(
         dtype=dtype,
         grad_err=float(err_ok[worst]),
         worst_u=float(u64[worst]) if float(err_ok[worst]) > 0 else None,
-        unrepresentable=u_ranges(u64, ~fits),
+        overflow=u_ranges(u64, over),
+        underflow=u_ranges(u64, under),
         nonfinite=u_ranges(u64, fits & ~finite),
-        zero=u_ranges(u64, fits & (g == 0) & (g64 != 0)),
-        wrong=u_ranges(u64, fits & (~finite | (err > WRONG) | ((g64 == 0) & (g != 0)))),
+        zero=u_ranges(u64, bridge(u64, fits & (g == 0) & (g64 != 0), both_zero)),
+        wrong=u_ranges(u64, bridge(u64, fits & (~finite | (err > WRONG) | ((g64 == 0) & (g != 0))), both_zero)),
     )
 
 
@@ -213,18 +246,19 @@ def with_precision(rows: list[dict], key: str, reports: dict[str, PrecisionRepor
 
 def fmt_precision(report: PrecisionReport) -> str:
     """One table cell: the largest relative error, then the ranges where the gradient is zero, wrong, not finite
-    or out of the dtype's range."""
+    or overflows the dtype (underflow, which costs tiny gradients their relative accuracy only, is left to the
+    JSON)."""
     from klgrad.audit.frameworks import fmt_error
 
-    parts = [fmt_error(report.grad_err)]
+    parts = [f"{report.grad_err:.1e}" if report.grad_err >= 1e3 else fmt_error(report.grad_err)]
     if report.zero:
         parts.append(f"0 at {report.zero}")
     if report.wrong and report.wrong != report.zero:
         parts.append(f"wrong at {report.wrong}")
     if report.nonfinite:
         parts.append(f"inf/nan at {report.nonfinite}")
-    if report.unrepresentable:
-        parts.append(f"out of range at {report.unrepresentable}")
+    if report.overflow:
+        parts.append(f"overflows at {report.overflow}")
     return "; ".join(parts)
 
 
@@ -243,12 +277,12 @@ def print_precision_table(rows: list[dict], key: str, console=None) -> None:
     dtype = next(iter(seen.values()))["dtype"]
     table = Table(
         title=f"Per-token KL gradient computed from {dtype} log-probs vs float64, u = l − r ∈ [−30, 30] "
-        f"(relative error; ranges of u where it is 0, off by > {WRONG:g}, inf/nan, or out of {dtype}'s range)"
+        f"(relative error; ranges of u where it is 0, off by > {WRONG:g}, inf/nan, or over/underflows {dtype})"
     )
     table.add_column(key)
     table.add_column("max rel. err", justify="right")
     table.add_column("at u", justify="right")
-    for col in ("zero", "wrong", "inf/nan", "out of range"):
+    for col in ("zero", "wrong", "inf/nan", "overflow", "underflow"):
         table.add_column(col)
     for name, row in seen.items():
         at = row["dtype_grad_err_at"]
@@ -259,7 +293,8 @@ def print_precision_table(rows: list[dict], key: str, console=None) -> None:
             row["dtype_zero"] or "",
             row["dtype_wrong"] or "",
             row["dtype_nonfinite"] or "",
-            row["dtype_unrepresentable"] or "",
+            row["dtype_overflow"] or "",
+            row["dtype_underflow"] or "",
         )
         table.add_row(*map(escape, cells))
     console.print(table)
