@@ -34,6 +34,7 @@ from torch import Tensor
 
 from klgrad.audit.framework_kl import FrameworkKL
 from klgrad.choices import AUDIT_DTYPES
+from klgrad.fmt import fmt_num
 from klgrad.kl import KLHead, kl_loss_per_sequence
 
 DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in AUDIT_DTYPES}
@@ -244,13 +245,16 @@ def with_precision(rows: list[dict], key: str, reports: dict[str, PrecisionRepor
     return [{**row, **reports[row[key]].fields()} for row in rows]
 
 
+def fmt_relative_error(x: float) -> str:
+    """A relative error for the tables: 3 digits, scientific below 1e-2 and from 1e3, "0" for 0."""
+    return fmt_num(x, 3, sci_digits=1, sci_below=1e-2, sci_from=1e3, tiny=1e-12, tiny_text="<1e-12", zero="0")
+
+
 def fmt_precision(report: PrecisionReport) -> str:
     """One table cell: the largest relative error, then the ranges where the gradient is zero, wrong, not finite
     or overflows the dtype (underflow, which costs tiny gradients their relative accuracy only, is left to the
     JSON)."""
-    from klgrad.audit.frameworks import fmt_error
-
-    parts = [f"{report.grad_err:.1e}" if report.grad_err >= 1e3 else fmt_error(report.grad_err)]
+    parts = [fmt_relative_error(report.grad_err)]
     if report.zero:
         parts.append(f"0 at {report.zero}")
     if report.wrong and report.wrong != report.zero:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import torch
 
 from klgrad.audit.framework_kl import FrameworkKL
-from klgrad.audit.frameworks import fmt_error, frozen_range
+from klgrad.audit.frameworks import frozen_range
 from klgrad.audit.precision import (
     U_LIMIT,
     WRONG,
     PrecisionReport,
     fmt_precision,
+    fmt_relative_error,
     head_precision,
     preset_gradient,
     preset_precision,
@@ -75,8 +76,7 @@ def _short(text: str | None, width: int = 40) -> str | None:
 def short_cell(row: dict) -> str:
     """The main tables' **∇ in bf16** cell from a row's precision fields: the largest relative error and, short,
     where the gradient is 0, wrong or not finite."""
-    err = row["dtype_grad_err"]
-    parts = [f"{err:.1e}" if err >= 1e3 else fmt_error(err)]
+    parts = [fmt_relative_error(row["dtype_grad_err"])]
     zero, wrong = _short(row["dtype_zero"]), _short(row["dtype_wrong"])
     if zero:
         parts.append(f"0 at {zero}")
@@ -205,17 +205,17 @@ def precision_findings(reports: dict[str, dict[str, PrecisionReport]], remedies:
         f16_nonfinite=f16[trl].nonfinite,
         f64_m41=gradient_at(trl, -41.0, "float64"),
         clamp_zero=" and ".join(sorted({str(frozen_range(_preset(p), "gradient")) for p in RHO_K3_CLAMPED})),
-        nemo_bf16=fmt_error(bf16["nemo-rl/k3-loss"].grad_err),
+        nemo_bf16=fmt_relative_error(bf16["nemo-rl/k3-loss"].grad_err),
         nemo_f16=f16["nemo-rl/k3-loss"].nonfinite,
         k3_bf16_zero=bf16[K3_LOSS].zero,
         lowvar_f16=f16["verl/kl-loss-low-var-kl"].nonfinite,
-        k3r_bf16=f"{bf16[K3_REWARD].grad_err:.1e}",
+        k3r_bf16=fmt_relative_error(bf16[K3_REWARD].grad_err),
         k3r_bf16_zero=bf16[K3_REWARD].zero,
-        k1_bf16=fmt_error(bf16[K1_REWARD].grad_err),
-        k1_f16=fmt_error(f16[K1_REWARD].grad_err),
-        klgrad_f32=fmt_error(max(f32[k].grad_err for k in klgrad)),
-        klgrad_bf16=fmt_error(max(bf16[k].grad_err for k in klgrad)),
-        klgrad_f16=fmt_error(max(f16[k].grad_err for k in klgrad)),
+        k1_bf16=fmt_relative_error(bf16[K1_REWARD].grad_err),
+        k1_f16=fmt_relative_error(f16[K1_REWARD].grad_err),
+        klgrad_f32=fmt_relative_error(max(f32[k].grad_err for k in klgrad)),
+        klgrad_bf16=fmt_relative_error(max(bf16[k].grad_err for k in klgrad)),
+        klgrad_f16=fmt_relative_error(max(f16[k].grad_err for k in klgrad)),
         remedies="\n".join(lines),
     )
 
