@@ -129,7 +129,7 @@ def fkl_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
     The importance-weighted form of the forward KL's gradient (RPG's normalised forward KL); its value is not
     a KL estimate (log the k-estimators for that). Value :func:`fkl_value`; derivative the closed form
-    :func:`fkl_slope` (autograd through expm1 computes e^{-u} as expm1(-u) + 1, zero for u > 17 in float32).
+    :func:`fkl_slope` (autograd through expm1 computes e^{-u} as expm1(-u) + 1, zero for u ≥ 16.6 in float32).
     """
     return closed_form_slope(logp - ref_logp, fkl_value, fkl_slope)
 
