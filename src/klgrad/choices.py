@@ -121,6 +121,10 @@ Schedule = Literal["constant", "cosine", "linear"]
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 """Every linear projection of a Llama / Qwen2 / Mistral decoder layer: the default and the allowed targets."""
 
+AuditDtype = Literal["float64", "float32", "bfloat16", "float16"]
+"""``klgrad audit --dtype``: the dtype in which the audit computes log-probs and the KL term (its precision axis)."""
+AUDIT_DTYPES: tuple[str, ...] = get_args(AuditDtype)
+
 # the frameworks ``klgrad audit --framework`` covers (klgrad.audit.presets), in table order
 FRAMEWORKS: tuple[str, ...] = (
     "trl",

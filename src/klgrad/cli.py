@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from klgrad import __version__
-from klgrad.choices import ACCURACY_REWARDS, ENGINES, FRAMEWORKS, MODEL_DTYPES
+from klgrad.choices import ACCURACY_REWARDS, AUDIT_DTYPES, ENGINES, FRAMEWORKS, MODEL_DTYPES
 from klgrad.completion import SHELLS, completion_script
 from klgrad.reproduce.targets import TARGETS
 
@@ -60,6 +60,14 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         "name, never eval'd)",
     )
     a.add_argument(
+        "--dtype",
+        default="float64",
+        choices=AUDIT_DTYPES,
+        help="precision axis: the dtype in which log-probs and the KL term are computed; every row gains dtype and "
+        "dtype_grad_err, the per-token gradient's largest relative error against float64 over u in [-30, 30] "
+        "(default float64: no error)",
+    )
+    a.add_argument(
         "--framework",
         default=None,
         metavar="NAME|all",
@@ -75,7 +83,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     a.set_defaults(func=cmd_audit)
 
 
-def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console) -> int:
+def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console, dtype: str = "float64") -> int:
     """``klgrad audit --framework NAME|all [--version X]``: the frameworks' table and ``frameworks.json`` alone,
     for the presets that hold for X (the installed package's version when X is not given)."""
     from klgrad.audit.frameworks import (
@@ -101,8 +109,12 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console) -
     except ValueError as e:
         print(f"klgrad audit: {e}", file=sys.stderr)
         return 2
-    rows = framework_rows(make_problem(cfg), presets)
+    rows = framework_rows(make_problem(cfg), presets, dtype=dtype)
     print_framework_table(rows, console, version)
+    if dtype != "float64":
+        from klgrad.audit.precision import print_precision_table
+
+        print_precision_table(rows, "id", console)
     if name != "all":
         defaults = [p for p in presets if is_default(p, version)]
         if version is not None and defaults:
@@ -144,10 +156,10 @@ def cmd_audit(args: argparse.Namespace) -> int:
     out = Path(args.out)
     t0 = time.perf_counter()
     if args.framework is not None:
-        return _audit_frameworks(args.framework, args.version, cfg, out, console)
+        return _audit_frameworks(args.framework, args.version, cfg, out, console, args.dtype)
     with console.status(f"enumerating every response of a V={cfg.vocab}, T={cfg.length} policy ..."):
         try:
-            result = run_audit(cfg, penalty=args.penalty)
+            result = run_audit(cfg, penalty=args.penalty, dtype=args.dtype)
         except ValueError as e:
             print(f"klgrad audit: {e}", file=sys.stderr)
             return 2

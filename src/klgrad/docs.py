@@ -301,7 +301,13 @@ def math_markdown() -> str:
             head_table(),
             "",
             "Numerics: exponentials continue linearly above e^20 (`exp_linear_tail`), so every head is exact for "
-            "|u| ≤ 20 and finite, with gradients of the right sign, far beyond; no clamp zeroes a gradient.",
+            "|u| ≤ 20 and finite, with gradients of the right sign, far beyond; no clamp zeroes a gradient. "
+            "Precision: heads compute in float32 at least (bfloat16 and float16 log-probs are promoted before "
+            "the log-ratio is taken, so it is exact), and every coefficient and gradient is written in a form "
+            "that does not cancel (k3's 1 − e^{−u} as −expm1(−u), a penalty's derivative in closed form rather "
+            "than autograd through its value), so it stays within a few units of roundoff of the dtype for "
+            "|u| ≤ 30 (`klgrad audit --dtype bfloat16` measures it; [frameworks.md](frameworks.md), "
+            "“Precision”, for the frameworks' KL terms).",
             "",
             "## Where a head acts: level",
             "",

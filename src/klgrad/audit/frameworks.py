@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from klgrad.audit.framework_kl import SUM_FAMILY, FrameworkKL
+from klgrad.audit.precision import preset_precision, with_precision
 from klgrad.audit.presets import PACKAGES, PRESETS
 from klgrad.audit.tabular import exact_gradient, expected_gradient, token_logps
 from klgrad.choices import FRAMEWORKS
@@ -111,12 +112,14 @@ def preset_aggregations(preset: FrameworkKL) -> tuple[str, ...]:
     return (preset.aggregation, other)
 
 
-def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> list[dict]:
+def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None, dtype: str = "float64") -> list[dict]:
     """One row per (preset, aggregation, regime): err_rkl, err_fkl (relative errors of its exact expected
     gradient against the aggregation's reverse and forward divergence, :data:`KL_TARGETS`), the klgrad head
     and level it equals or is nearest to, and the preset's versions, source and default. Presets whose
     reference is the behaviour policy (RPG's iterative reference, prime-rl) are audited on the problem with
-    π_ref := π_old, off-policy only."""
+    π_ref := π_old, off-policy only. The enumeration is float64; ``dtype`` is the precision axis: every row also
+    carries ``dtype``, ``dtype_grad_err`` and the ranges of :func:`klgrad.audit.precision.precision_report`, the
+    preset's per-token gradient computed from log-probs in ``dtype``."""
     contexts: dict[tuple[bool, str], tuple] = {}
 
     def context(reference_is_behaviour: bool, aggregation: str) -> tuple:
@@ -164,7 +167,8 @@ def framework_rows(problem, presets: tuple[FrameworkKL, ...] | None = None) -> l
                         coef_default=list(preset.coef_default) if preset.coef_default else None,
                     )
                 )
-    return rows
+    chosen = PRESETS if presets is None else presets
+    return with_precision(rows, "id", preset_precision(chosen, dtype))
 
 
 def frozen_range(preset: FrameworkKL, what: str, limit: float = 30.0, steps: int = 6001) -> str | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from klgrad.audit.framework_kl import AGGREGATIONS
 from klgrad.audit.frameworks import clamp_text, fmt_error, framework_rows, is_default, zero_weight_text
+from klgrad.audit.precision_doc import precision_markdown, short_cell
 from klgrad.audit.presets import PRESETS
 from klgrad.audit.run import AuditConfig, make_problem
 from klgrad.choices import FRAMEWORKS
@@ -54,7 +55,9 @@ handling. KL-in-reward rows get no task reward, baseline, whitening or critic (G
 λ-discounted reward-to-go). Errors are ‖g − ∇target‖ / ‖∇RKL‖; "<1e-12" is float64 round-off. **clamp**: where,
 on-policy, a clamp zeroes the per-token gradient (∇ = 0) or caps the value, as a range of the per-token log-ratio
 u = log π − log π_ref within |u| ≤ 30 (a clamp further out, such as Open-Instruct's ±40, is in the preset's label);
-on this problem |u| stays below the clamps, so the errors are the formulas' own. Presets
+on this problem |u| stays below the clamps, so the errors are the formulas' own. **∇ in bf16**: the largest relative
+error of the per-token gradient when the log-probs and the term are bfloat16, and where it is 0 or wrong (see
+“Precision” below). Presets
 whose reference is the behaviour policy (RPG's scripts, prime-rl) are audited off-policy only, with π_ref := π_old:
 on-policy π_old = π and the term is 0.
 """
@@ -354,7 +357,7 @@ def findings(rows: list[dict]) -> str:
 
 def frameworks_markdown() -> str:
     """The page: intro, the audit's tables, findings, remedies and sources."""
-    rows = framework_rows(make_problem(AuditConfig()))
+    rows = framework_rows(make_problem(AuditConfig()), dtype="bfloat16")
     by_id = {p.id: p for p in PRESETS}
     aggregations = "\n".join(
         f"| `{name}` | {_cell(text)} | {'`token_sum`' if name != 'seq_mean' else '`seq_mean`'} |"
@@ -363,7 +366,7 @@ def frameworks_markdown() -> str:
     lines = [INTRO.format(aggregations=aggregations)]
     header = (
         "| preset | KL as configured | versions | aggregation | regime | rel. err vs ∇RKL | rel. err vs ∇FKL | "
-        "klgrad equivalent | clamp |\n|---|---|---|---|---|---|---|---|---|"
+        "klgrad equivalent | clamp | ∇ in bf16 |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     for title, keep in (
         (
@@ -384,9 +387,10 @@ def frameworks_markdown() -> str:
             lines.append(
                 f"| {star}`{r['id']}` | {_cell(r['variant'])} | {_cell(r['versions'])} | {r['aggregation']} | "
                 f"{r['regime'].replace('_', '-')} | {fmt_error(r['err_rkl'])} | {fmt_error(r['err_fkl'])} | "
-                f"`{_cell(r['equals'])}` | {clamp_text(r)} |"
+                f"`{_cell(r['equals'])}` | {clamp_text(r)} | {_cell(short_cell(r))} |"
             )
     lines.append(findings(rows))
+    lines.append(precision_markdown([(m.framework, m.flags, m.preset) for m in REMEDIES if m.preset is not None]))
     lines.append("## Sources\n")
     for name in FRAMEWORKS:
         lines.append(f"### {name}\n")

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from klgrad.audit.frameworks import framework_rows, print_framework_table, write_frameworks
+from klgrad.audit.precision import head_precision, print_precision_table, with_precision
 from klgrad.audit.tabular import (
     TabularSpace,
     build_space,
@@ -248,8 +249,10 @@ def distance_sweep(cfg: AuditConfig, heads: dict[str, KLHead]) -> dict[str, list
     return out
 
 
-def run_audit(cfg: AuditConfig, penalty: str | None = None) -> dict:
-    """Everything the audit reports, as a JSON-ready dict."""
+def run_audit(cfg: AuditConfig, penalty: str | None = None, dtype: str = "float64") -> dict:
+    """Everything the audit reports, as a JSON-ready dict. The enumeration is float64; ``dtype`` is the precision
+    axis: every head and framework row also carries ``dtype``, ``dtype_grad_err`` and the ranges of
+    :func:`klgrad.audit.precision.precision_report` (the per-token gradient from log-probs in ``dtype``)."""
     heads: dict[str, KLHead] = {n: KL_HEADS[n] for n in AUDIT_HEADS}
     if penalty is not None:
         heads[f"custom:{penalty}"] = load_penalty(penalty)
@@ -258,10 +261,11 @@ def run_audit(cfg: AuditConfig, penalty: str | None = None) -> dict:
     return dict(
         config={**asdict(cfg), "sweep": list(cfg.sweep)},
         space=dict(num_states=sp.num_states, num_sequences=sp.num_sequences, num_params=sp.num_states * sp.vocab),
-        rows=audit_rows(problem, heads, cfg.clip_eps),
+        dtype=dtype,
+        rows=with_precision(audit_rows(problem, heads, cfg.clip_eps), "head", head_precision(heads, dtype)),
         forms=form_rows(problem, cfg.beta),
         sweep=dict(distances=list(cfg.sweep), err_rkl=distance_sweep(cfg, heads)),
-        frameworks=framework_rows(problem),
+        frameworks=framework_rows(problem, dtype=dtype),
     )
 
 
@@ -337,6 +341,8 @@ def print_tables(result: dict, console=None) -> None:
             _fmt(r["combined_vs_decoupled"]),
         )
     console.print(t3)
+    if result.get("dtype", "float64") != "float64":
+        print_precision_table(rows, "head", console)
     if "frameworks" in result:
         print_framework_table(result["frameworks"], console)
 

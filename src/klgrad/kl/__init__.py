@@ -28,12 +28,17 @@ Expected-gradient targets used below (all gradients of divergences are w.r.t. θ
   - ``expected_length``: ∇ E_π[|y|] (k1-as-loss at token_to_go: c ≡ 1 summed over the remaining tokens).
   - ``zero``: no gradient in expectation.
 
-Numerics. Heads compute in float32 or better. The only non-polynomial pieces are exponentials (k3, MSE);
-they use :func:`exp_linear_tail` / ``expm1`` forms, exact for arguments ≤ ``EXP_CAP`` = 20 and without
-cancellation near u = 0, continuing linearly (value and gradient finite and of the right sign) above the
-cap. So every head is exact for |log-ratio| ≤ 20 and finite for every input it sees with |l|, |r| ≤ 1e18
-(float32); at ``sequence`` level a head sees the sums Σ_t l_t and Σ_t r_t, so the bound is on the sums.
-No clamp ever zeroes a gradient.
+Numerics. Heads compute in float32 or better: bfloat16 and float16 log-probs are promoted to float32 before
+the log-ratio is taken (so u = l − r of two half-precision log-probs is exact, or within one float32 rounding),
+and the gradient of a half-precision ``logp`` is the float32 one rounded once to its dtype. The non-polynomial
+pieces (k3, forward KL, MSE, JS) use :func:`exp_linear_tail` / ``expm1`` / ``log1p`` forms, exact for arguments
+≤ ``EXP_CAP`` = 20 and without cancellation near u = 0, continuing linearly (value and gradient finite and of
+the right sign) above the cap; a penalty's derivative is its closed form
+(:func:`~klgrad.kl.numerics.closed_form_slope`), not autograd through the value's operations, so every head's
+coefficient and gradient is within a few units of roundoff of the dtype over |u| ≤ 30 (tests/kl/test_precision.py
+derives the bounds). So every head is exact
+for |log-ratio| ≤ 20 and finite for every input it sees with |l|, |r| ≤ 1e18 (float32); at ``sequence`` level a
+head sees the sums Σ_t l_t and Σ_t r_t, so the bound is on the sums. No clamp ever zeroes a gradient.
 
 Modules: :mod:`~klgrad.kl.numerics` (float promotion, capped exponentials), :mod:`~klgrad.kl.estimators` (k1, k2,
 k3 values), :mod:`~klgrad.kl.heads` (the head registry: pure functions and :class:`KLHead` records),

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from klgrad.import_path import import_object
-from klgrad.kl.numerics import EXP_CAP, at_least_f32, exp_linear_tail, expm1_linear_tail
+from klgrad.kl.numerics import EXP_CAP, at_least_f32, closed_form_slope, exp_linear_tail, expm1_linear_tail
 
 HeadStyle = Literal["in_reward", "as_loss", "none"]
 Target = Literal[
@@ -81,12 +81,26 @@ def k2_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return 0.5 * u * u
 
 
+def k3_slope(u: Tensor) -> Tensor:
+    """dψ/du of :func:`k3_penalty` = 1 - e^{-u}, as -expm1(min(-u, EXP_CAP)): no cancellation near u = 0, and
+    the linear tail's slope 1 - e^20 for u < -20; elementwise, any shape (the coefficient :func:`k3_coefficient`
+    in u)."""
+    return -torch.expm1((-u).clamp(max=EXP_CAP))
+
+
+def k3_value(u: Tensor) -> Tensor:
+    """k3 = e^{-u} - 1 + u as expm1(-u) + u (linear in u below -20, :func:`expm1_linear_tail`); elementwise."""
+    return expm1_linear_tail(-u) + u
+
+
 def k3_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """ψ = e^{r - l} - 1 + (l - r) ≥ 0; c = 1 - e^{r - l̄} (:func:`k3_coefficient`).
 
-    e^{r - l} - 1 is :func:`expm1_linear_tail`: exact for u ≥ -20, linear (slope e^20) below.
+    Value :func:`k3_value` (e^{r - l} - 1 is :func:`expm1_linear_tail`: exact for u ≥ -20, linear, slope e^20,
+    below); its derivative is the closed form :func:`k3_slope` (:func:`closed_form_slope`): autograd through the
+    value would compute -(expm1(-u) + 1) + 1, which cancels near u = 0.
     """
-    return expm1_linear_tail(ref_logp - logp) + (logp - ref_logp)
+    return closed_form_slope(logp - ref_logp, k3_value, k3_slope)
 
 
 def fkl_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -99,13 +113,25 @@ def fkl_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return -torch.exp((ref_logp - logp).clamp(max=EXP_CAP))
 
 
+def fkl_slope(u: Tensor) -> Tensor:
+    """dψ/du of :func:`fkl_penalty` = -e^{-u}, as -exp(min(-u, EXP_CAP)) (one exponential, no cancellation);
+    elementwise, any shape."""
+    return -torch.exp((-u).clamp(max=EXP_CAP))
+
+
+def fkl_value(u: Tensor) -> Tensor:
+    """e^{-u} - 1 as :func:`expm1_linear_tail` (-u); elementwise."""
+    return expm1_linear_tail(-u)
+
+
 def fkl_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """ψ = e^{r - l} - 1 = π_ref/π - 1 (zero mean under π); c = -e^{r - l̄} (:func:`fkl_coefficient`).
 
     The importance-weighted form of the forward KL's gradient (RPG's normalised forward KL); its value is not
-    a KL estimate (log the k-estimators for that). e^{r - l} - 1 is :func:`expm1_linear_tail`.
+    a KL estimate (log the k-estimators for that). Value :func:`fkl_value`; derivative the closed form
+    :func:`fkl_slope` (autograd through expm1 computes e^{-u} as expm1(-u) + 1, zero for u ≥ 16.6 in float32).
     """
-    return expm1_linear_tail(ref_logp - logp)
+    return closed_form_slope(logp - ref_logp, fkl_value, fkl_slope)
 
 
 def _softplus(x: Tensor) -> Tensor:
@@ -115,27 +141,50 @@ def _softplus(x: Tensor) -> Tensor:
     return x.clamp(min=0) + torch.log1p(torch.exp(-x.abs()))
 
 
-def js_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    r"""ψ = f_JS(δ) with δ = e^{r - l}, f_JS(t) = ½[t log t - (1 + t) log((1 + t)/2)]: E_π[ψ] = JS(π‖π_ref).
+def js_log_weight(x: Tensor) -> Tensor:
+    r"""h(x) = log(2/(1 + e^{-x})) = log 2 - softplus(-x), elementwise, any shape, without cancellation.
 
-    Written in u = l - r without cancellation: ψ = ½[-u δ - (1 + δ)(softplus(-u) - log 2)]. Exact for
-    u ≥ -20 (= -``EXP_CAP``); below, ψ continues linearly with its slope at -20 (value and gradient finite, sign
-    kept), as every klgrad head does. Its autograd coefficient is -δ f_JS'(δ) = -½ δ log(2δ/(1 + δ)): the
-    pathwise part of ∇JS only (the score-function term f_JS(δ)∇l is missing, as k3's is for the KL).
+    -log1p(expm1(-x)/2) for x ≥ -1 (no cancellation near x = 0, where h ≈ x/2), log 2 + x - log1p(e^x) below
+    (terms of one sign but log 2 + x, condition ≤ 3.2). Finite for every finite x; h(x) ∈ (-∞, log 2).
     """
-    u = logp - ref_logp
+    above = -torch.log1p(0.5 * torch.expm1(-x.clamp(min=-1.0)))  # x ≥ -1
+    below_x = x.clamp(max=-1.0)
+    below = math.log(2.0) + below_x - torch.log1p(torch.exp(below_x))  # x < -1
+    return torch.where(x >= -1.0, above, below)
+
+
+def js_slope(u: Tensor) -> Tensor:
+    r"""dψ/du of :func:`js_penalty` = -δ f_JS'(δ) = -½ e^{-u} h(-u) (:func:`js_log_weight`) for u ≥ -20, its
+    value at -20 below (the penalty's linear tail); elementwise, any shape. No cancellation: one product."""
+    v = u.clamp(min=-EXP_CAP)
+    return -0.5 * torch.exp(-v) * js_log_weight(-v)
+
+
+def js_value(u: Tensor) -> Tensor:
+    r"""f_JS(δ), δ = e^{-u}, as ½[-u δ - (1 + δ)(softplus(-u) - log 2)] for u ≥ -20, continued linearly with
+    slope :func:`js_slope` (-20) below; elementwise."""
     inside = u.clamp(min=-EXP_CAP)  # equal to u where the formula is exact
     delta = torch.exp(-inside)
     value = 0.5 * (-inside * delta - (1.0 + delta) * (_softplus(-inside) - math.log(2.0)))
-    slope = -0.5 * delta * (math.log(2.0) - inside - _softplus(-inside))  # dψ/du at `inside`
-    return value + slope.detach() * (u - inside)
+    return value + js_slope(inside) * (u - inside)
+
+
+def js_penalty(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    r"""ψ = f_JS(δ) with δ = e^{r - l}, f_JS(t) = ½[t log t - (1 + t) log((1 + t)/2)]: E_π[ψ] = JS(π‖π_ref).
+
+    Written in u = l - r (:func:`js_value`). Exact for u ≥ -20 (= -``EXP_CAP``); below, ψ continues linearly
+    with its slope at -20 (value and gradient finite, sign kept), as every klgrad head does. Its derivative is the
+    closed form :func:`js_slope`, -δ f_JS'(δ) = -½ δ log(2δ/(1 + δ)): the pathwise part of ∇JS only (the
+    score-function term f_JS(δ)∇l is missing, as k3's is for the KL).
+    """
+    return closed_form_slope(logp - ref_logp, js_value, js_slope)
 
 
 def js_coefficient(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    r"""c = f_JS(δ) - δ f_JS'(δ) = ½ log(2/(1 + δ)) = ½(log 2 - softplus(-u)): the exact Jensen–Shannon score
-    weight, on-policy E_π[c ∇ log π] = ∇ JS(π‖π_ref) at sequence level. Bounded: c ∈ (-∞, ½ log 2), and
-    ≈ u/4 near π_ref (JS ≈ KL/4 there)."""
-    return 0.5 * (math.log(2.0) - _softplus(ref_logp - logp))
+    r"""c = f_JS(δ) - δ f_JS'(δ) = ½ log(2/(1 + δ)) = ½ h(u) (:func:`js_log_weight`, no cancellation near u = 0):
+    the exact Jensen–Shannon score weight, on-policy E_π[c ∇ log π] = ∇ JS(π‖π_ref) at sequence level. Bounded:
+    c ∈ (-∞, ½ log 2), and ≈ u/4 near π_ref (JS ≈ KL/4 there)."""
+    return 0.5 * js_log_weight(logp - ref_logp)
 
 
 def autograd_coefficient(penalty_fn: PenaltyFn, logp: Tensor, ref_logp: Tensor) -> Tensor:
