@@ -201,8 +201,7 @@ class _HeadLogprobsEntropy(torch.autograd.Function):
         tau = ctx.temperature
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.empty_like(hidden) if need_h else None  # (R, D)
-        grad_w = torch.zeros_like(weight) if need_w else None  # (V, D)
-        grad_b = torch.zeros(weight.shape[0], dtype=weight.dtype, device=weight.device) if need_b else None
+        grad_w = grad_b = None  # (V, D), (V,): the first chunk's product, then accumulated (no zero fill)
         for sl in _chunks(hidden.shape[0], ctx.chunk_size):
             g = grad_logp[sl, None].to(lse.dtype)  # (c, 1)
             e = grad_ent[sl, None].to(lse.dtype)  # (c, 1)
@@ -216,9 +215,9 @@ class _HeadLogprobsEntropy(torch.autograd.Function):
             if need_h:
                 torch.matmul(gx, weight, out=grad_h[sl])  # (c, D)
             if need_w:
-                grad_w.addmm_(gx.t(), hidden[sl])  # (V, D)
+                grad_w = gx.t() @ hidden[sl] if grad_w is None else grad_w.addmm_(gx.t(), hidden[sl])  # (V, D)
             if need_b:
-                grad_b.add_(gx.sum(0))
+                grad_b = gx.sum(0) if grad_b is None else grad_b.add_(gx.sum(0))  # (V,)
         return grad_h, grad_w, grad_b, None, None, None
 
 
