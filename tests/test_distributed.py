@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from klgrad.config import ConfigError, load_config
 from klgrad.distributed import check_config
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
-from tolerances import adamw_step_bound, llama_depth, network_tol
+from tests.helpers.tolerances import adamw_step_bound, llama_depth, network_tol
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ from klgrad.rollout.encoding import encode_prompts
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
 from klgrad.trainer.checkpoints import load_policy_weights, load_weights, save_checkpoint
 from klgrad.trainer.setup import load_policy_and_reference, make_optimizer
-from tolerances import llama_depth, network_tol
+from tests.helpers.tolerances import llama_depth, network_tol
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_add.yaml"

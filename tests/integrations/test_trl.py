@@ -24,7 +24,7 @@ from klgrad import combined_advantages, kl_loss_per_sequence, policy_gradient_lo
 from klgrad.data.tasks import make_splits
 from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, aggregate_like_trl
 from klgrad.models import load_model_and_tokenizer
-from tolerances import gamma, llama_depth, network_tol, sum_tol
+from tests.helpers.tolerances import gamma, llama_depth, network_tol, sum_tol
 
 pytestmark = pytest.mark.numerics
 

@@ -29,8 +29,8 @@ from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
 from klgrad.trainer.checkpoints import load_lora_policy
 from klgrad.trainer.setup import load_policy_and_reference, make_optimizer
-from tiny_llama import BOS, EOS, PAD, llama, qwen2
-from tolerances import llama_depth, logprob_tol, max_abs_logit, network_tol
+from tests.helpers.tiny_llama import BOS, EOS, PAD, llama, qwen2
+from tests.helpers.tolerances import llama_depth, logprob_tol, max_abs_logit, network_tol
 
 CONFIG = "configs/tiny_add.yaml"
 
