@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, Qwen2ForCausalLM
 from klgrad.models import count_parameters, load_model_and_tokenizer
 from klgrad.models.fast_forward import unsupported_reason
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 

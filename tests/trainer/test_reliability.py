@@ -51,7 +51,7 @@ from tests.helpers.case_counts import CASES, report_counts
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/tiny_add.yaml"
 STEPS, SAVE_EVERY = 4, 2
 N_SAMPLES = 4 * 4  # prompts_per_step x group_size below
