@@ -2,7 +2,7 @@
 
 The Hugging Face cache is a real one laid out as huggingface_hub writes it (``models--OWNER--NAME/refs/main`` and
 ``snapshots/REV/``) in a temporary folder, so resolution from the cache runs huggingface_hub's own code offline.
-The real GGUF (SmolLM2) is exercised in tests/test_real_model.py.
+The real GGUF (SmolLM2) is exercised in tests/models/test_real_model.py.
 """
 
 from __future__ import annotations
