@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from klgrad.advantages import ShapingStats, shape_rewards
 from klgrad.choices import SHAPING_METHODS, SHAPING_PRESETS
-from tolerances import gamma
+from tests.helpers.tolerances import gamma
 
 pytestmark = pytest.mark.numerics
 

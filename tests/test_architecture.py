@@ -1,5 +1,6 @@
 """The package's layers, read from the source: no import cycle (imports inside functions and under
-``TYPE_CHECKING`` counted), and every import points to the same layer or one below (docs/architecture.md)."""
+``TYPE_CHECKING`` counted), and every import points to the same layer or one below (docs/architecture.md). And the
+test folders mirror the package: a subpackage's tests in the folder of its name, a top-level module's at the top."""
 
 from __future__ import annotations
 
@@ -122,3 +123,44 @@ def test_imports_only_point_down_the_layers():
 def test_every_module_has_a_layer():
     for module in import_graph():
         _layer(module)
+
+
+TESTS = Path(__file__).resolve().parent
+CHECKOUT_SRC = TESTS.parent / "src" / "klgrad"
+WHOLE_PACKAGE = {
+    "test_architecture.py": "the layers of every module, and this layout",
+    "test_gpu.py": "train, the fast forward and the sampler on a CUDA GPU (scripts/gpu_check.sh runs it by name)",
+    "test_package_data.py": "what a wheel of the package carries",
+    "test_reference_docs.py": "the hand-written reference pages against the whole package",
+}
+"""Top-level test modules about the package as a whole rather than one module, with what each covers."""
+OTHER_FOLDERS = {
+    "helpers": "the shared helpers, the package tests.helpers",
+    "scripts": "the tests of the checkout's scripts/, test_<script>.py each",
+}
+
+
+def test_test_folders_mirror_the_package():
+    """A folder of tests/ is a subpackage of src/klgrad/ (or one of OTHER_FOLDERS), and every subpackage has one; a
+    test module at the top is named after a top-level module (test_<module>.py, or test_<module>_<aspect>.py) or is
+    about the package as a whole (WHOLE_PACKAGE)."""
+    subpackages = {p.name for p in CHECKOUT_SRC.iterdir() if (p / "__init__.py").is_file()}
+    modules = {p.stem for p in CHECKOUT_SRC.glob("*.py")} - {"__init__", "__main__"}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert sorted(folders - subpackages - OTHER_FOLDERS.keys()) == [], "a test folder that mirrors no subpackage"
+    assert sorted(subpackages - folders) == [], "a subpackage without its test folder"
+    misplaced = []
+    for path in sorted(TESTS.glob("*.py")):
+        name = path.stem.removeprefix("test_")
+        if path.name in {"__init__.py", *WHOLE_PACKAGE}:
+            continue
+        if path.name == f"test_{name}.py" and any(name == m or name.startswith(f"{m}_") for m in modules):
+            continue
+        misplaced.append(path.name)
+    assert misplaced == [], "move these into the folder of the subpackage they test"
+    scripts = {p.stem for p in (TESTS.parent / "scripts").iterdir()}
+    tested = {p.stem.removeprefix("test_") for p in (TESTS / "scripts").glob("*.py")}
+    assert sorted(tested - scripts) == [], "tests/scripts/ holds test_<script>.py for a script of scripts/"
+    for folder in folders - {"helpers"}:
+        strays = [p.name for p in (TESTS / folder).glob("*.py") if not p.name.startswith("test_")]
+        assert strays == [], f"tests/{folder}/ holds test modules only; shared code goes to tests/helpers/"

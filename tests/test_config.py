@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import klgrad
-from case_counts import CASES, report_counts
 from klgrad.choices import (
     SHAPING_METHODS,
     Aggregation,
@@ -47,6 +46,7 @@ from klgrad.config import (
     to_dict,
 )
 from klgrad.kl import KL_HEADS
+from tests.helpers.case_counts import CASES, report_counts
 
 
 def test_defaults_are_valid_and_round_trip_through_dict():

@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from klgrad.config import ConfigError, load_config
 from klgrad.distributed import check_config
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
-from tolerances import adamw_step_bound, llama_depth, network_tol
+from tests.helpers.extras import needs_extras
+from tests.helpers.tolerances import adamw_step_bound, llama_depth, network_tol
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,6 +101,7 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run / "checkpoints" / f"step_{STEPS:06d}" / "policy.safetensors"))
 
 
+@needs_extras("accelerate")
 @pytest.mark.parametrize("case", list(CASES))
 def test_two_processes_train_like_one(tmp_path, case):
     over = {**BASE, **CASES[case]}

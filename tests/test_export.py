@@ -25,7 +25,8 @@ from klgrad.rollout.encoding import encode_prompts
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
 from klgrad.trainer.checkpoints import load_policy_weights, load_weights, save_checkpoint
 from klgrad.trainer.setup import load_policy_and_reference, make_optimizer
-from tolerances import llama_depth, network_tol
+from tests.helpers.extras import needs_extras, reason
+from tests.helpers.tolerances import llama_depth, network_tol
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "tiny_add.yaml"
@@ -107,7 +108,8 @@ def full(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora(tmp_path_factory):
-    """(run directory, config, exported folder) of a rank-4 LoRA run."""
+    """(run directory, config, exported folder) of a rank-4 LoRA run; its tests skip without peft."""
+    pytest.importorskip("peft", reason=reason("peft"))
     root = tmp_path_factory.mktemp("lora")
     cfg = _train(root / "run", 4)
     return root / "run", cfg, export_model(root / "run", root / "export").path
@@ -267,6 +269,7 @@ def _templated_lora_run(root: Path) -> tuple[Path, Path]:
     return base, run
 
 
+@needs_extras("peft")  # a LoRA run
 def test_base_settings_come_through_and_dtype_is_kept_or_cast(tmp_path):
     base, run = _templated_lora_run(tmp_path)
     ckpt = run / "checkpoints" / "step_000001"

@@ -24,9 +24,9 @@ from klgrad.rollout.encoding import encode_prompts
 from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR, loop
 from klgrad.trainer.record import read_jsonl
-from tiny_llama import BOS, PAD, full_forward_logits, llama, qwen2
-from tiny_runs import small
-from tolerances import max_abs_logit, model_tol, model_tol_stored
+from tests.helpers.tiny_llama import BOS, PAD, full_forward_logits, llama, qwen2
+from tests.helpers.tiny_runs import small
+from tests.helpers.tolerances import max_abs_logit, model_tol, model_tol_stored
 
 CUDA = "cuda"
 pytestmark = [

@@ -31,7 +31,7 @@ from klgrad.logprobs import (
     token_logprobs_and_entropy,
 )
 from klgrad.models import build_char_tokenizer, build_tiny_model
-from tolerances import log_softmax_tol, logprob_tol, max_abs_logit, model_tol
+from tests.helpers.tolerances import log_softmax_tol, logprob_tol, max_abs_logit, model_tol
 
 pytestmark = pytest.mark.numerics
 

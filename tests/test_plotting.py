@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from klgrad.plotting import pyplot, save
-from png_check import assert_drawn, figure_pixels, png_size
+from tests.helpers.png_check import assert_drawn, figure_pixels, png_size
 
 
 def _python(code: str) -> str:

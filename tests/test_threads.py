@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from klgrad.config import ConfigError, load_config
 from klgrad.threads import CpuShare, choose_threads, machine_busy_seconds, process_seconds, usable_cores
 from klgrad.trainer import read_jsonl, train
-from tiny_runs import small
+from tests.helpers.tiny_runs import small
 
 LINUX = Path("/proc/stat").exists()
 

@@ -29,6 +29,7 @@ from klgrad.audit.frameworks_doc import REMEDIES, remedy_row
 from klgrad.audit.presets import PRESETS
 from klgrad.audit.run import AuditConfig, make_problem
 from klgrad.choices import FRAMEWORKS
+from tests.helpers.extras import needs_extras
 
 pytestmark = pytest.mark.numerics
 
@@ -346,6 +347,7 @@ def test_presets_carry_versions_sources_and_stable_ids():
         assert re.search(r"@[0-9a-f]{12} \(20\d\d-\d\d-\d\d|\bv\d+\.\d+|arXiv", p.source), p.id
 
 
+@needs_extras("trl")  # ends on the installed TRL's version
 def test_version_selection_and_defaults():
     """TRL's default KL changed in 1.10 (use_bias_correction_kl on); verl's low_var_kl+ works from 0.8."""
     by_id = {p.id: p for p in PRESETS}
@@ -563,6 +565,7 @@ def test_clamp_ranges_are_where_the_formulas_say():
     assert frozen_range(by_id["openrlhf/k1-reward"], "value") == "u ≤ -10, u ≥ 10"
 
 
+@needs_extras("trl")  # ends with an audit of the installed TRL
 def test_cli_writes_frameworks_json(tmp_path, capsys):
     from klgrad.cli import main
 

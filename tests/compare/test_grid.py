@@ -25,7 +25,7 @@ from klgrad.compare.grid import (
 from klgrad.compare.grid import main as grid_main
 from klgrad.compare.stats import OPPOSITE, SUPPORTED, UNRESOLVED, decide
 from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
-from tolerances import llama_depth, network_tol
+from tests.helpers.tolerances import llama_depth, network_tol
 
 SMALL = {
     "data.n_eval": 8,

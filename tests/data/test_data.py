@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from case_counts import CASES, report_counts
 from klgrad.data import (
     DISCOVERY_CORRECT_FRACTION,
     HOLDOUT_FRACTION,
@@ -34,6 +33,7 @@ from klgrad.data import (
     sft_target,
     taught_answer,
 )
+from tests.helpers.case_counts import CASES, report_counts
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "samples" / "gsm8k_sample.jsonl"
 

@@ -16,7 +16,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from klgrad.exact.kl import clustered_mean_se, stepwise_kl, tree_kl
-from tiny_llama import BOS, EOS, PAD, V, tiny_llama64
+from tests.helpers.tiny_llama import BOS, EOS, PAD, V, tiny_llama64
 
 pytestmark = pytest.mark.numerics
 

@@ -19,8 +19,8 @@ from klgrad.exact.objective import (
     pruning_bounds,
     reward_range,
 )
-from tiny_llama import BOS, EOS, INTER, PAD, V, tiny_llama64
-from tolerances import llama_depth, log_softmax_tol, network_tol, sum_tol
+from tests.helpers.tiny_llama import BOS, EOS, INTER, PAD, V, tiny_llama64
+from tests.helpers.tolerances import llama_depth, log_softmax_tol, network_tol, sum_tol
 
 pytestmark = pytest.mark.numerics
 

@@ -18,13 +18,17 @@ import pytest
 import torch
 from datasets import Dataset
 from torch import Tensor
-from trl import GRPOConfig, GRPOTrainer
 
 from klgrad import combined_advantages, kl_loss_per_sequence, policy_gradient_loss, shape_rewards
 from klgrad.data.tasks import make_splits
-from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, aggregate_like_trl
 from klgrad.models import load_model_and_tokenizer
-from tolerances import gamma, llama_depth, network_tol, sum_tol
+from tests.helpers.extras import reason
+from tests.helpers.tolerances import gamma, llama_depth, network_tol, sum_tol
+
+pytest.importorskip("trl", reason=reason("trl"))  # the whole module runs TRL: skipped without the extra
+from trl import GRPOConfig, GRPOTrainer
+
+from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, aggregate_like_trl
 
 pytestmark = pytest.mark.numerics
 

@@ -9,8 +9,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from klgrad.models.fast_forward import FastForward, unsupported_reason
 from klgrad.rollout.samplers import KlgradSampler
-from tiny_llama import BOS, COMMON, EOS, PAD, full_forward_logits, llama, qwen2
-from tolerances import max_abs_logit, model_tol
+from tests.helpers.tiny_llama import BOS, COMMON, EOS, PAD, full_forward_logits, llama, qwen2
+from tests.helpers.tolerances import max_abs_logit, model_tol
 
 pytestmark = pytest.mark.numerics
 

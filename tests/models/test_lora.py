@@ -29,8 +29,9 @@ from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import EMBEDDED_DIR, read_jsonl, train
 from klgrad.trainer.checkpoints import load_lora_policy
 from klgrad.trainer.setup import load_policy_and_reference, make_optimizer
-from tiny_llama import BOS, EOS, PAD, llama, qwen2
-from tolerances import llama_depth, logprob_tol, max_abs_logit, network_tol
+from tests.helpers.extras import needs_extras
+from tests.helpers.tiny_llama import BOS, EOS, PAD, llama, qwen2
+from tests.helpers.tolerances import llama_depth, logprob_tol, max_abs_logit, network_tol
 
 CONFIG = "configs/tiny_add.yaml"
 
@@ -48,7 +49,9 @@ CONFIG = "configs/tiny_add.yaml"
         ({"model.lora_rank": 4, "model.lora_targets": []}, "model.lora_targets"),
         ({"model.lora_rank": 4, "model.lora_targets": ["q_proj", "qkv_proj"]}, "model.lora_targets"),
         ({"model.lora_rank": 4, "model.lora_targets": ["q_proj", "q_proj"]}, "model.lora_targets"),
-        ({"model.lora_rank": 4, "kl.reset_ref_every": 10}, "kl.reset_ref_every"),
+        pytest.param(
+            {"model.lora_rank": 4, "kl.reset_ref_every": 10}, "kl.reset_ref_every", marks=needs_extras("peft")
+        ),
     ],
 )
 def test_config_refuses_bad_lora_settings_naming_the_field(over, field):
@@ -56,6 +59,7 @@ def test_config_refuses_bad_lora_settings_naming_the_field(over, field):
         load_config(CONFIG, over)
 
 
+@needs_extras("peft")
 def test_config_refuses_lora_with_vllm_and_without_peft(monkeypatch):
     import klgrad.machine
 
@@ -92,6 +96,7 @@ def perturb_adapter(model, seed=0, std=0.05):
             p.copy_(torch.randn(p.shape, generator=gen) * std)
 
 
+@needs_extras("peft")
 @pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj", "down_proj")])
 def test_only_the_adapter_trains_and_the_reference_is_the_same_tensors(targets):
     cfg, policy, ref, _ = lora_run_models(rank=4, targets=targets)
@@ -121,6 +126,7 @@ def test_only_the_adapter_trains_and_the_reference_is_the_same_tensors(targets):
     assert policy.training
 
 
+@needs_extras("peft")
 def test_reference_logprobs_are_the_base_models_whatever_the_adapter():
     """The adapter disabled is the base model, on the transformers path and on the fast forward, and it is what
     peft's own disable_adapter() runs. The same arithmetic on tensors of equal values: equal up to the rounding of
@@ -169,6 +175,7 @@ def lora_tol(config, scale: float) -> float:
     return network_tol(depth, max(config.hidden_size, config.intermediate_size), scale)
 
 
+@needs_extras("peft")
 @pytest.mark.numerics
 @pytest.mark.parametrize("make", [llama, qwen2])
 @pytest.mark.parametrize("targets", [LORA_TARGETS, ("q_proj", "v_proj")])
@@ -218,6 +225,7 @@ def test_fast_forward_equals_peft_forward_with_a_nonzero_adapter(make, targets):
     torch.testing.assert_close(merged, low_rank, rtol=0, atol=2 * lora_tol(model.config, z))
 
 
+@needs_extras("peft")
 @pytest.mark.numerics
 def test_disabled_or_merged_adapters_are_read_as_peft_runs_them():
     model, peft_model = adapted(llama, LORA_TARGETS)
@@ -238,6 +246,7 @@ def test_disabled_or_merged_adapters_are_read_as_peft_runs_them():
 # adapter files, checkpoints and resume
 
 
+@needs_extras("peft")
 def test_adapter_file_round_trip_and_mismatch_is_refused(tmp_path):
     _, policy, _, _ = lora_run_models(rank=4, seed=3)
     perturb_adapter(policy, seed=4)
@@ -278,6 +287,7 @@ def strip_times(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"} for r in records]
 
 
+@needs_extras("peft")
 @pytest.mark.slow
 def test_checkpoint_holds_the_adapter_and_resume_equals_the_uninterrupted_run(tmp_path):
     full = small(tmp_path / "a")
@@ -314,6 +324,7 @@ def test_checkpoint_holds_the_adapter_and_resume_equals_the_uninterrupted_run(tm
     torch.testing.assert_close(got, want, rtol=0, atol=lora_tol(policy.config, float(want.abs().max())))
 
 
+@needs_extras("peft")
 @pytest.mark.slow
 def test_lora_run_raises_heldout_greedy_accuracy(tmp_path):
     """klgrad train on the embedded default with a rank-8 adapter (α = 16, lr 1e-3, 30 steps).

@@ -2,7 +2,7 @@
 
 The Hugging Face cache is a real one laid out as huggingface_hub writes it (``models--OWNER--NAME/refs/main`` and
 ``snapshots/REV/``) in a temporary folder, so resolution from the cache runs huggingface_hub's own code offline.
-The real GGUF (SmolLM2) is exercised in tests/test_real_model.py.
+The real GGUF (SmolLM2) is exercised in tests/models/test_real_model.py.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from klgrad.models.sources import (
     resolve_model,
 )
 from klgrad.trainer import train
+from tests.helpers.extras import needs_extras
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 
@@ -138,6 +139,7 @@ def test_known_name_without_its_package_says_how_to_install(monkeypatch: pytest.
         packaged_gguf("smollm2-135m-instruct")
 
 
+@needs_extras("gguf", "accelerate")  # the message names the one absent only when the other is installed
 @pytest.mark.parametrize("absent", ["gguf", "accelerate"])
 def test_gguf_without_its_packages_names_the_extra(absent: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """transformers reads GGUF with the gguf package and refuses without accelerate: both come with klgrad[smol]."""

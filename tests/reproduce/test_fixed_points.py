@@ -15,7 +15,7 @@ from klgrad.cli import main
 from klgrad.exact.optima import forward_kl_optimum, reverse_kl_optimum
 from klgrad.reproduce.fixed_points import FixedPointConfig, build_problem
 from klgrad.reproduce.fixed_points_report import verdict_markdown
-from png_check import assert_drawn, figure_pixels
+from tests.helpers.png_check import assert_drawn, figure_pixels
 
 EPS = torch.finfo(torch.float64).eps
 CFG = FixedPointConfig()

@@ -8,7 +8,7 @@ import pytest
 
 from klgrad.reproduce.fixed_points import FixedPointConfig, write_fixed_points
 from klgrad.reproduce.fixed_points_report import method_table, verdict_markdown
-from png_check import assert_drawn, figure_pixels
+from tests.helpers.png_check import assert_drawn, figure_pixels
 
 SMALL = FixedPointConfig(vocab=2, length=2)
 

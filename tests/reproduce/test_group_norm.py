@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from klgrad.reproduce.group_norm import PAPER_REWARDS, grpo_advantages, run_group_norm_amplification
-from png_check import assert_drawn, figure_pixels
+from tests.helpers.png_check import assert_drawn, figure_pixels
 
 pytestmark = pytest.mark.numerics
 

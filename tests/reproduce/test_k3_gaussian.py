@@ -15,7 +15,7 @@ import pytest
 from klgrad.reproduce.gaussian_theory import gaussian_estimator_moments, gaussian_kl
 from klgrad.reproduce.k3_gaussian import PAPER_RUNS, run_k3_gaussian
 from klgrad.reproduce.k3_gaussian_report import verdict_k3_gaussian
-from png_check import assert_drawn, figure_pixels
+from tests.helpers.png_check import assert_drawn, figure_pixels
 
 pytestmark = pytest.mark.numerics
 

@@ -9,7 +9,7 @@ import pytest
 
 from klgrad.reproduce.k3_uniform_bias import run_k3_uniform_bias, verdict_k3_uniform_bias
 from klgrad.reproduce.uniform_theory import uniform_estimator_values
-from png_check import assert_drawn, figure_pixels
+from tests.helpers.png_check import assert_drawn, figure_pixels
 
 pytestmark = pytest.mark.numerics
 LOG2 = math.log(2.0)

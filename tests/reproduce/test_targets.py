@@ -17,7 +17,7 @@ from klgrad.reproduce.group_norm_rl import group_norm_rl_verdict
 from klgrad.reproduce.k3_gaussian_report import verdict_k3_gaussian
 from klgrad.reproduce.offpolicy import offpolicy_verdict
 from klgrad.trainer import read_jsonl
-from png_check import assert_drawn, figure_pixels
+from tests.helpers.png_check import assert_drawn, figure_pixels
 
 pytestmark = pytest.mark.slow
 LOG2 = math.log(2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from klgrad.reproduce.training_runs import last_steps_mean, plot_curves
-from png_check import assert_drawn, figure_pixels
+from tests.helpers.png_check import assert_drawn, figure_pixels
 
 
 def _records(values: list[float]) -> list[dict]:

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from klgrad.rollout.samplers import HFGenerateSampler, KlgradSampler, make_sampler
-from tolerances import logprob_tol
+from tests.helpers.tolerances import logprob_tol
 
 pytestmark = pytest.mark.numerics
 

@@ -17,8 +17,8 @@ from klgrad.kl import adaptive_beta
 from klgrad.models import load_model_and_tokenizer
 from klgrad.rollout.samplers import make_sampler
 from klgrad.trainer import EMBEDDED_DIR, evaluate, load_data, read_jsonl, reward_specs, train
-from tiny_runs import small
-from tolerances import adamw_step_bound, llama_depth, network_tol
+from tests.helpers.tiny_runs import small
+from tests.helpers.tolerances import adamw_step_bound, llama_depth, network_tol
 
 pytestmark = [pytest.mark.slow, pytest.mark.numerics]
 SAMPLE = Path(__file__).parents[2] / "data" / "samples" / "gsm8k_sample.jsonl"

@@ -22,8 +22,8 @@ import torch
 from klgrad.config import load_config
 from klgrad.objective import ObjectiveSpec, combined_advantages, decoupled_advantages, policy_objective
 from klgrad.trainer import Batch, UpdateStats, make_logprob_fn, mini_batch_rows, update
-from tiny_llama import BOS, EOS, PAD, V, tiny_llama64
-from tolerances import llama_depth, network_tol, unit_roundoff
+from tests.helpers.tiny_llama import BOS, EOS, PAD, V, tiny_llama64
+from tests.helpers.tolerances import llama_depth, network_tol, unit_roundoff
 
 F64 = torch.float64
 P, G, L, T = 3, 2, 2, 4  # prompts, group size, prompt width, response width

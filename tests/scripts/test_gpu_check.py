@@ -20,8 +20,9 @@ from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from klgrad.models import count_parameters, load_model_and_tokenizer
 from klgrad.models.fast_forward import unsupported_reason
+from tests.helpers.extras import needs_extras
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 
@@ -258,6 +259,7 @@ def test_ddp_step_needs_two_gpus_but_runs_in_the_dry_mode(tmp_path, monkeypatch)
         assert (row.status, row.detail) == ("skipped", "accelerate not installed")
 
 
+@needs_extras("accelerate")
 def test_launched_command_runs_the_wrapper_under_the_launcher(tmp_path):
     """The launcher starts the peak-memory wrapper as its script; the row's command is the launch itself."""
     script = tmp_path / "hello.py"
@@ -346,6 +348,7 @@ accelerate steps: one process with --cpu, and 2 processes of CPU DDP over gloo).
 
 
 @pytest.mark.slow
+@needs_extras("peft", "accelerate")  # every CPU step passes: the LoRA and the accelerate runs too
 def test_cpu_dry_mode_end_to_end(tmp_path):
     out = tmp_path / "check"
     steps = ",".join(DRY_STEPS)  # over 120 s on 2 shared cores since the accelerate steps (about 40 s) came in

@@ -33,7 +33,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-from case_counts import CASES, report_counts
 from klgrad.choices import FORMS, LEVELS, RATIO_LEVELS
 from klgrad.config import ConfigError, load_config
 from klgrad.kl import KL_HEADS, kl_estimate, kl_loss
@@ -48,10 +47,11 @@ from klgrad.rewards import RewardSpec, compute_rewards
 from klgrad.rewards.accuracy import math_verify_reward
 from klgrad.runlock import LOCK_NAME
 from klgrad.trainer import EMBEDDED_DIR, latest_checkpoint, load_checkpoint, read_jsonl
+from tests.helpers.case_counts import CASES, report_counts
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "configs/tiny_add.yaml"
 STEPS, SAVE_EVERY = 4, 2
 N_SAMPLES = 4 * 4  # prompts_per_step x group_size below

@@ -14,7 +14,7 @@ from klgrad.data import Example, load_examples
 from klgrad.eval.benchmarks import misread_answers
 from klgrad.rewards import accuracy_reward
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("convert_benchmarks", ROOT / "scripts" / "convert_benchmarks.py")
 convert = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(convert)
