@@ -136,7 +136,7 @@ def test_packed_equals_padded_on_smollm2(smol_dir: Path, lora: bool):
     log-softmax) against the padded forward."""
     from klgrad.logprobs import sequence_logprobs
     from klgrad.models.lora import adapter_parameters, apply_lora
-    from tolerances import model_tol
+    from tests.helpers.tolerances import model_tol
 
     model, tok = load_model_and_tokenizer(smol_dir)
     if lora:
