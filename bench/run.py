@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/ru
 
 import torch
 
-from bench import contention, e2e, long_decode, memory, objective, real, rollout, scaling, update
+from bench import contention, e2e, long_decode, memory, objective, real, rollout, scaling, shapes, update
 from bench.common import RESULTS, machine, print_table, write_json
 
 BENCHES = {
@@ -32,6 +32,7 @@ BENCHES = {
     "memory": memory,
     "scaling": scaling,
     "real": real,
+    "shapes": shapes,
     "contention": contention,
 }
 

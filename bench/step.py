@@ -28,7 +28,7 @@ class StepTimes:
     update: float
     tokens: int  # response tokens in the batch
     positions: int  # (prompt + response) positions of the batch, N·(L + T)
-    computed: int  # positions the model actually runs with shared prompts: P·L + N·(T - 1)
+    computed: int  # positions the model runs: P·L + Σ(|y| − 1) packed (each prompt once), P·L + N·(T − 1) padded
     params: int
 
     @property
@@ -56,7 +56,16 @@ def make_prompts(tok, n: int, length: int = 7) -> tuple[torch.Tensor, torch.Tens
 class RLStep:
     """A reusable step: fixed model, optimizer and shapes; ``run()`` times one full step."""
 
-    def __init__(self, model, tok, prompts: int = 32, group: int = 8, new_tokens: int = 8, fixed_length: bool = True):
+    def __init__(
+        self,
+        model,
+        tok,
+        prompts: int = 32,
+        group: int = 8,
+        new_tokens: int = 8,
+        fixed_length: bool = True,
+        packing: bool = True,
+    ):
         self.model, self.tok = model, tok
         self.ref = type(model)(model.config)
         self.ref.load_state_dict(model.state_dict())
@@ -75,7 +84,8 @@ class RLStep:
         eos = -1 if fixed_length else tok.eos_token_id  # -1: never drawn, every response runs to new_tokens
         self.sampler = KlgradSampler(eos, tok.pad_token_id)
         self.ids, self.mask = make_prompts(tok, prompts)
-        self.logprob_fn = make_logprob_fn(1.0)
+        self.packing = packing
+        self.logprob_fn = make_logprob_fn(1.0, packing=packing)
         self.seed = 0
 
     def rollout(self):
@@ -107,7 +117,10 @@ class RLStep:
         update(self.model, self.opt, b, self.cfg, self.spec, self.logprob_fn)
         t3 = time.perf_counter()
         n, t = r.response_ids.shape
-        computed = self.ids.numel() + n * (t - 1)
+        if self.packing:  # each prompt once, each response's real tokens but its last (docs/performance.md)
+            computed = self.ids.numel() + int((r.response_mask.sum(-1) - 1).clamp(min=0).sum())
+        else:
+            computed = self.ids.numel() + n * (t - 1)
         return StepTimes(
             t1 - t0,
             t2 - t1,
