@@ -766,3 +766,17 @@ def test_a_yaml_with_four_mistakes_prints_four_problems_exits_2_and_creates_no_r
     assert "got 'k9_as_loss'; did you mean 'k3_as_loss'?" in "\n".join(err)
     assert "  rollout.max_new_tokens must be greater than or equal to 1, got -3" in err
     assert not out.exists()
+
+
+def test_train_help_lists_every_dotted_flag_with_its_doc_from_the_schema(capsys):
+    """The flags, their help and their choices come from the records (pydantic's JSON schema), like the docs."""
+    from klgrad.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for dotted in FIELDS:
+        assert f"  --{dotted} " in out, dotted
+    assert "  --kl.beta  KL weight β" in out
+    assert "  --kl.level {sequence,token_to_go,token}  Where the head acts" in out

@@ -26,7 +26,7 @@ class Option:
     choices: tuple[str, ...] | None
 
 
-def _config_options() -> list[Option]:
+def config_options() -> list[Option]:
     """``--section.field`` for every config leaf, read off the config's JSON schema (the records' own): its doc as
     the help and its choices (an enum's values, true/false for a boolean; None for a free value)."""
     from klgrad.config import json_schema
@@ -67,7 +67,7 @@ def completion_spec(parser: argparse.ArgumentParser) -> dict[str, dict]:
     for name, p in sub.choices.items():
         opts, words = options_of(p)
         if p.get_default("takes_overrides"):
-            opts += _config_options()
+            opts += config_options()
         spec[name] = {"options": opts, "words": words}
     return spec
 

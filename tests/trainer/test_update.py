@@ -188,3 +188,16 @@ def test_mini_batches_take_the_same_groups_from_every_shard():
         union = torch.cat([r * (n // world) + mini_batch_rows(n // world, g, m)[k] for r in range(world)])
         assert torch.equal(union.sort().values, whole[k].sort().values)
     assert whole[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]  # groups 0, 2, 4, 6
+
+
+def test_fault_hooks_are_no_ops_unless_installed():
+    """The seam the reliability tests use: nothing happens by default; the variables install callbacks."""
+    from klgrad.trainer.faults import NO_HOOKS
+
+    quiet = Hooks.from_env({})
+    assert quiet == NO_HOOKS
+    assert not any(quiet.nan(step) for step in range(5))
+    quiet.at("update", 1)  # no kill
+    nan = Hooks.from_env({"KLGRAD_NAN_AT": "2,3"})
+    assert [nan.nan(step) for step in range(5)] == [False, False, True, True, False]
+    assert Hooks.from_env({"KLGRAD_KILL_AT": "log:9"}).nan(9) is False
