@@ -164,6 +164,7 @@ class KLGradGRPOTrainer(GRPOTrainer):
         self._klgrad_rewards_per_func: Tensor | None = None
         super().__init__(*args, **kwargs)
         self._klgrad_check_trl_settings()
+        self.klgrad_kl = self.klgrad_config.kl_options(float(self.beta))  # the KL record at TRL's β, made once
 
     # ------------------------------------------------------------------------------------------------------
     # settings
@@ -359,7 +360,7 @@ class KLGradGRPOTrainer(GRPOTrainer):
         """klgrad's KL diagnostics into TRL's ``_metrics`` (averaged over processes); ``kl``: the decoupled KL loss
         as :func:`klgrad.kl_loss` reports it (mean over sequences of the per-sequence loss, β not included)."""
         cfg = self.klgrad_config
-        spec = ObjectiveSpec(kl=cfg.kl_options(float(self.beta)))  # KL only: TRL logs its reward-head clip ratios
+        spec = ObjectiveSpec(kl=self.klgrad_kl)  # KL only: TRL logs its own reward-head clip ratios
         adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)  # (B, T)
         diag = objective_diagnostics(logp, ref_logp, mask, adv, spec, old_logp=old_logp)
         names = {"kl_k1": "kl/k1", "kl_k2": "kl/k2", "kl_k3": "kl/k3"}
