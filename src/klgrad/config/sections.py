@@ -250,7 +250,7 @@ class TrainConfig:
     packing: bool = True
     """Log-prob passes compute real response positions only (docs/performance.md); false = the padded forward."""
     eval_objective_prompts: AtLeastZero | None = None
-    """Held-out prompts on which evaluation enumerates J_β = E[R] − β·KL(π‖π_ref) (β in force), J*, KL(π‖π*) (eval/J,
+    """Held-out prompts on which evaluation enumerates J_β = E[R] − β·KL(π‖π_ref) at kl.beta, J*, KL(π‖π*) (eval/J,
     eval/J_star, eval/kl_to_optimum, eval/exact_kl); 0 = off; null = 20 if max_new_tokens ≤ 10, β > 0 and top_p = 1."""
 
 
