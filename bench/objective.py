@@ -12,6 +12,7 @@ import torch
 
 from bench.common import alternate, median, print_table, write_json
 from bench.step import RLStep, tiny_model
+from klgrad.config import KLConfig
 from klgrad.objective import ObjectiveSpec, decoupled_advantages, policy_objective
 
 HEADS = ["k1_in_reward", "k2_as_loss", "k3_as_loss", "k3_in_reward", "k1_as_loss", "mse_in_reward"]
@@ -36,7 +37,7 @@ def main(repeats: int = 30) -> dict:
         loss.backward()
 
     def full(head: str, level: str):
-        spec = ObjectiveSpec(kl_head=head, beta=0.5, kl_level=level, form="decoupled")
+        spec = ObjectiveSpec(KLConfig(head=head, beta=0.5, level=level, form="decoupled"))
 
         def fn():
             logp = logp0.clone().requires_grad_()

@@ -16,7 +16,6 @@ import torch
 from klgrad.config import load_config
 from klgrad.models import build_char_tokenizer, count_parameters
 from klgrad.models.factory import build_tiny_model
-from klgrad.objective import ObjectiveSpec
 from klgrad.rollout.samplers import KlgradSampler
 from klgrad.trainer import Batch, make_logprob_fn, update
 
@@ -79,7 +78,6 @@ class RLStep:
                 "algo.micro_batch_size": prompts * group,
             },
         )
-        self.spec = ObjectiveSpec.from_config(self.cfg)
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
         eos = -1 if fixed_length else tok.eos_token_id  # -1: never drawn, every response runs to new_tokens
         self.sampler = KlgradSampler(eos, tok.pad_token_id)
@@ -114,7 +112,7 @@ class RLStep:
         t1 = time.perf_counter()
         b = self.batch(r)
         t2 = time.perf_counter()
-        update(self.model, self.opt, b, self.cfg, self.spec, self.logprob_fn)
+        update(self.model, self.opt, b, self.cfg, self.logprob_fn)
         t3 = time.perf_counter()
         n, t = r.response_ids.shape
         if self.packing:  # each prompt once, each response's real tokens but its last (docs/performance.md)

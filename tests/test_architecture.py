@@ -12,7 +12,7 @@ import klgrad
 SRC = Path(klgrad.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("choices", "machine", "option_rules", "fmt", "plotting", "runlock", "threads"),
+    ("choices", "machine", "version", "fmt", "plotting", "runlock", "threads"),
     ("import_path", "config", "schedule", "advantages"),
     ("kl", "data", "models", "distributed"),
     ("rewards", "logprobs", "rollout", "exact", "objective"),
@@ -50,6 +50,8 @@ def import_graph() -> dict[str, set[str]]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 edges |= {resolve(a.name) for a in node.names if a.name.split(".")[0] == "klgrad"}
+            elif isinstance(node, ast.Call) and _dynamic_import(node) is not None:  # __import__("klgrad.x")
+                edges.add(resolve(_dynamic_import(node)))
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
@@ -62,6 +64,18 @@ def import_graph() -> dict[str, set[str]]:
                     edges.add(full if full in modules else resolve(base))
         graph[name] = edges - {name}
     return graph
+
+
+def _dynamic_import(call: ast.Call) -> str | None:
+    """The klgrad module a call imports by name (``__import__("klgrad")``, ``importlib.import_module("klgrad.x")``,
+    a string literal), or None."""
+    fn = call.func
+    name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else None
+    if name not in ("__import__", "import_module") or not call.args:
+        return None
+    arg = call.args[0]
+    is_klgrad = isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.split(".")[0] == "klgrad"
+    return arg.value if is_klgrad else None
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -118,6 +132,27 @@ def test_cycle_finder_finds_a_cycle():
 def test_imports_only_point_down_the_layers():
     upward = sorted(f"{m} -> {d}" for m, deps in import_graph().items() for d in deps if _layer(d) > _layer(m))
     assert upward == []
+
+
+DYNAMIC = ("klgrad", "klgrad.import_path")
+
+
+def test_no_module_hides_an_import_from_the_graph():
+    """Every import is a statement or a literal name the graph reads: no ``__import__`` call anywhere, and
+    ``import_module`` of a computed name only in the package's lazy loader (its targets are ``_HOME``'s, below
+    it) and in :mod:`klgrad.import_path` (a user's ``package.module:name``, never a klgrad module)."""
+    hidden = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            fn = node.func
+            called = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            literal = bool(node.args) and isinstance(node.args[0], ast.Constant)
+            if called == "__import__" or (called == "import_module" and not literal and name not in DYNAMIC):
+                hidden.append(f"{name}:{node.lineno}")
+    assert hidden == []
+    assert import_graph()["klgrad.trainer.record"] >= {"klgrad.version"}
 
 
 def test_every_module_has_a_layer():

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from klgrad.advantages import shape_rewards
 from klgrad.choices import AGGREGATIONS, RATIO_LEVELS
+from klgrad.config import AlgoConfig, KLConfig
 from klgrad.kl import kl_loss_per_sequence
 from klgrad.objective import (
     ObjectiveSpec,
@@ -214,18 +215,15 @@ def test_micro_batching_equals_full_batch(
             adv = decoupled_advantages(rewards, mask, G, method)
         for agg in AGGREGATIONS:
             spec = ObjectiveSpec(
-                kl_head=head,
-                beta=0.3,
-                kl_level=level,
-                form=form,
-                clip_eps_low=0.2,
-                clip_eps_high=0.28,
-                dual_clip=dual_clip,
-                ratio_level=ratio_level,
-                kl_clip_eps=0.2,
-                kl_ratio_level=kl_ratio_level,
-                aggregation=agg,
-                entropy_coef=entropy_coef,
+                KLConfig(head=head, beta=0.3, level=level, form=form, clip_eps=0.2, ratio_level=kl_ratio_level),
+                AlgoConfig(
+                    clip_eps_low=0.2,
+                    clip_eps_high=0.28,
+                    dual_clip=dual_clip,
+                    ratio_level=ratio_level,
+                    aggregation=agg,
+                    entropy_coef=entropy_coef,
+                ),
             )
             for old_logp in (None, old):
                 logp = logp0.clone().requires_grad_(True)
@@ -381,19 +379,10 @@ def test_decoupled_kl_head_gradient_equals_combined(level, head, sign, agg):
     u = t64([[NAN, 0.3, -0.5, 0.1]]) if sign == 0.0 else sign * t64([[NAN, 0.3, 0.1, 0.2]])
     ref = l0 - u
     U = float(u[mask].sum())
-    kw = dict(
-        clip_eps_low=EPS,
-        clip_eps_high=EPS,
-        kl_clip_eps=EPS,
-        ratio_level="sequence",
-        kl_ratio_level="sequence",
-        aggregation=agg,
-        kl_head=head,
-        beta=BETA,
-        kl_level=level,
-    )
-    spec_c = ObjectiveSpec(form="combined", **kw)
-    spec_d = ObjectiveSpec(form="decoupled", **kw)
+    pg = AlgoConfig(clip_eps_low=EPS, clip_eps_high=EPS, ratio_level="sequence", aggregation=agg)
+    kl = dict(head=head, beta=BETA, level=level, clip_eps=EPS, ratio_level="sequence")
+    spec_c = ObjectiveSpec(KLConfig(form="combined", **kl), pg)
+    spec_d = ObjectiveSpec(KLConfig(form="decoupled", **kl), pg)
     R = torch.zeros(1, dtype=F64)
     adv_c = combined_advantages(R, head, l0, ref, mask, beta=BETA, level=level, group_size=1, method="none")
     adv_d = decoupled_advantages(R, mask, 1, "none")
@@ -569,48 +558,50 @@ def test_decoupled_advantages_broadcast():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "field"),
+    ("record", "kwargs", "field"),
     [
-        ({"beta": -0.1}, "beta"),
-        ({"beta": NAN}, "beta"),
-        ({"kl_head": "k4_as_loss"}, "kl_head"),
-        ({"form": "mixed"}, "form"),
-        ({"aggregation": "token_sum"}, "aggregation"),
-        ({"clip_eps_low": 0.0}, "clip_eps_low"),
-        ({"clip_eps_low": -0.1}, "clip_eps_low"),
-        ({"clip_eps_low": 1.0}, "clip_eps_low"),
-        ({"clip_eps_low": 1.5}, "clip_eps_low"),
-        ({"clip_eps_high": 0.0}, "clip_eps_high"),
-        ({"clip_eps_high": -0.2}, "clip_eps_high"),
-        ({"dual_clip": 1.0}, "dual_clip"),
-        ({"dual_clip": 0.5}, "dual_clip"),
-        ({"kl_clip_eps": 0.0}, "kl_clip_eps"),
-        ({"kl_clip_eps": 1.0}, "kl_clip_eps"),
-        ({"kl_clip_eps": -0.3}, "kl_clip_eps"),
-        ({"entropy_coef": -1e-3}, "entropy_coef"),
-        ({"max_log_ratio": 0.0}, "max_log_ratio"),
-        ({"form": "combined", "kl_level": "token"}, "kl_level"),
+        (KLConfig, {"beta": -0.1}, "beta"),
+        (KLConfig, {"beta": NAN}, "beta"),
+        (KLConfig, {"head": "k4_as_loss"}, "head"),
+        (KLConfig, {"form": "mixed"}, "form"),
+        (AlgoConfig, {"aggregation": "token_sum"}, "aggregation"),
+        (AlgoConfig, {"clip_eps_low": 0.0}, "clip_eps_low"),
+        (AlgoConfig, {"clip_eps_low": -0.1}, "clip_eps_low"),
+        (AlgoConfig, {"clip_eps_low": 1.0}, "clip_eps_low"),
+        (AlgoConfig, {"clip_eps_low": 1.5}, "clip_eps_low"),
+        (AlgoConfig, {"clip_eps_high": 0.0}, "clip_eps_high"),
+        (AlgoConfig, {"clip_eps_high": -0.2}, "clip_eps_high"),
+        (AlgoConfig, {"dual_clip": 1.0}, "dual_clip"),
+        (AlgoConfig, {"dual_clip": 0.5}, "dual_clip"),
+        (KLConfig, {"clip_eps": 0.0}, "clip_eps"),
+        (KLConfig, {"clip_eps": 1.0}, "clip_eps"),
+        (KLConfig, {"clip_eps": -0.3}, "clip_eps"),
+        (AlgoConfig, {"entropy_coef": -1e-3}, "entropy_coef"),
+        (KLConfig, {"form": "combined", "level": "token"}, "level"),
     ],
 )
-def test_objective_spec_rejects_bad_values(kwargs, field):
+def test_the_objective_records_reject_bad_values(record, kwargs, field):
+    """The loss's options are checked once, by the records the objective takes (the config's own sections)."""
     with pytest.raises(ValueError, match=field):
-        ObjectiveSpec(**kwargs)
+        record(**kwargs)
+    with pytest.raises(ValueError, match="max_log_ratio"):
+        ObjectiveSpec(max_log_ratio=0.0)
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kl", "pg"),
     [
-        {},
-        {"clip_eps_high": 1.5, "clip_eps_low": 0.999},  # clip-higher may exceed 1
-        {"dual_clip": 1.0001, "kl_clip_eps": None},
-        {"form": "decoupled", "kl_level": "token"},
-        {"form": "combined", "kl_level": "token_to_go"},
-        {"beta": 0.0, "entropy_coef": 0.0},
+        ({}, {}),
+        ({}, {"clip_eps_high": 1.5, "clip_eps_low": 0.999}),  # clip-higher may exceed 1
+        ({"clip_eps": None}, {"dual_clip": 1.0001}),
+        ({"form": "decoupled", "level": "token"}, {}),
+        ({"form": "combined", "level": "token_to_go"}, {}),
+        ({"beta": 0.0}, {"entropy_coef": 0.0}),
     ],
 )
-def test_objective_spec_accepts_good_values(kwargs):
-    spec = ObjectiveSpec(**kwargs)
-    assert spec.head.name == spec.kl_head
+def test_the_objective_records_accept_good_values(kl, pg):
+    spec = ObjectiveSpec(KLConfig(**kl), AlgoConfig(**pg))
+    assert spec.head.name == spec.kl.head
 
 
 # ==========================================================================================================
@@ -631,7 +622,9 @@ def _setup(seed=21, B=4, T=5):
 def test_decoupled_loss_is_pg_plus_beta_kl(agg, level, off):
     logp0, ref, old, mask, adv = _setup()
     old_logp = old if off else None
-    spec = ObjectiveSpec(kl_head="k3_as_loss", beta=0.37, kl_level=level, aggregation=agg, ratio_level="token")
+    spec = ObjectiveSpec(
+        KLConfig(head="k3_as_loss", beta=0.37, level=level), AlgoConfig(aggregation=agg, ratio_level="token")
+    )
     logp = logp0.clone().requires_grad_(True)
     terms = policy_objective(logp, ref, mask, adv, spec, old_logp=old_logp)
     assert terms.loss.item() == terms.policy_loss.item() + 0.37 * terms.kl_loss.item()
@@ -661,7 +654,7 @@ def test_decoupled_loss_is_pg_plus_beta_kl(agg, level, off):
 
 def test_combined_form_has_no_kl_loss():
     logp0, ref, _, mask, _ = _setup()
-    spec = ObjectiveSpec(kl_head="k2_as_loss", beta=0.5, form="combined", kl_level="token_to_go")
+    spec = ObjectiveSpec(KLConfig(head="k2_as_loss", beta=0.5, form="combined", level="token_to_go"))
     adv = combined_advantages(
         torch.ones(4, dtype=F64) * t64([1, 0, 0, 1]),
         "k2_as_loss",
@@ -683,15 +676,15 @@ def test_combined_form_has_no_kl_loss():
 def test_entropy_coef_without_entropy_raises():
     logp0, ref, _, mask, adv = _setup()
     with pytest.raises(ValueError, match="entropy"):
-        policy_objective(logp0, ref, mask, adv, ObjectiveSpec(entropy_coef=0.01))
+        policy_objective(logp0, ref, mask, adv, ObjectiveSpec(pg=AlgoConfig(entropy_coef=0.01)))
 
 
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 def test_entropy_bonus_lowers_loss_by_coef_times_aggregate(agg):
     logp0, ref, _, mask, adv = _setup()
     coef = 0.03
-    base = ObjectiveSpec(kl_head="k2_as_loss", beta=0.2, aggregation=agg)
-    spec = ObjectiveSpec(kl_head="k2_as_loss", beta=0.2, aggregation=agg, entropy_coef=coef)
+    base = ObjectiveSpec(KLConfig(head="k2_as_loss", beta=0.2), AlgoConfig(aggregation=agg))
+    spec = ObjectiveSpec(KLConfig(head="k2_as_loss", beta=0.2), AlgoConfig(aggregation=agg, entropy_coef=coef))
     ent0 = safe_entropy(logp0, mask).detach()
     ent = ent0.clone().requires_grad_(True)
     t0 = policy_objective(logp0, ref, mask, adv, base, entropy=ent)
@@ -712,7 +705,7 @@ def test_entropy_bonus_lowers_loss_by_coef_times_aggregate(agg):
 def test_no_kl_term_for_head_none_or_beta_zero(head, beta, off):
     logp0, ref, old, mask, adv = _setup()
     old_logp = old if off else None
-    spec = ObjectiveSpec(kl_head=head, beta=beta)
+    spec = ObjectiveSpec(KLConfig(head=head, beta=beta))
     logp = logp0.clone().requires_grad_(True)
     terms = policy_objective(logp, ref, mask, adv, spec, old_logp=old_logp)
     assert terms.kl_loss.item() == 0.0
@@ -751,7 +744,7 @@ def _dg_inputs():
 def test_diagnostics_on_policy_hand_values():
     l, ref, mask, adv = _dg_inputs()
     l = l.requires_grad_(True)
-    spec = ObjectiveSpec(kl_head="k2_as_loss", beta=0.5)
+    spec = ObjectiveSpec(KLConfig(head="k2_as_loss", beta=0.5))
     d = objective_diagnostics(l, ref, mask, adv, spec)
     assert all(type(v) is float for v in d.values()), {k: type(v) for k, v in d.items()}
     assert d["ratio_mean"] == d["ratio_max"] == d["ratio_min"] == 1.0
@@ -783,7 +776,7 @@ def test_diagnostics_clip_frac_counts_clipped_branch():
     l, ref, mask, adv = _dg_inputs()
     log_rho = t64([[50.0, 0.5, -0.5, -0.5, 2.0], [0.0, 0.5, 50.0, 0.25, -1.0]])
     old = torch.where(mask, l - log_rho, NAN)
-    spec = ObjectiveSpec(clip_eps_low=0.25, clip_eps_high=0.5, ratio_level="token")
+    spec = ObjectiveSpec(pg=AlgoConfig(clip_eps_low=0.25, clip_eps_high=0.5, ratio_level="token"))
     d = objective_diagnostics(l, ref, mask, adv, spec, old_logp=old)
     assert d["clip_frac"] == 0.375
     assert d["kl_clip_frac"] == 0.0  # head 'none'
@@ -799,7 +792,7 @@ def test_diagnostics_clip_frac_counts_clipped_branch():
 def test_diagnostics_clip_frac_matches_zero_gradient_tokens(seed):
     logp, ref, old, mask = random_batch(4, 8, seed)
     adv = torch.where(mask, torch.randn(4, 8, dtype=F64, generator=torch.Generator().manual_seed(seed)), NAN)
-    spec = ObjectiveSpec(clip_eps_low=0.2, clip_eps_high=0.28)
+    spec = ObjectiveSpec(pg=AlgoConfig(clip_eps_low=0.2, clip_eps_high=0.28))
     d = objective_diagnostics(logp, ref, mask, adv, spec, old_logp=old)
     x = logp.clone().requires_grad_(True)
     pg = policy_gradient_loss(x, adv, mask, old_logp=old, clip_eps_low=0.2, clip_eps_high=0.28)
@@ -816,7 +809,7 @@ def test_diagnostics_kl_clip_frac():
     # and with ρ_seq(row 0) = e^{-1}, ρ_seq(row 1) = e^{+1}: both clipped -> 1.0.
     l, ref, mask, adv = _dg_inputs()
     spec = ObjectiveSpec(
-        kl_head="k1_in_reward", beta=0.1, kl_clip_eps=0.2, kl_level="sequence", kl_ratio_level="sequence"
+        KLConfig(head="k1_in_reward", beta=0.1, clip_eps=0.2, level="sequence", ratio_level="sequence")
     )
 
     def old_for(r0: float, r1: float) -> torch.Tensor:
@@ -833,9 +826,9 @@ def test_diagnostics_kl_clip_frac():
     assert torch.all(grad_of(kl_tot.sum(), x) == 0)
     # combined form, head none, or no KL clip: no KL clip fraction
     for s in (
-        ObjectiveSpec(kl_head="k1_in_reward", beta=0.1, form="combined"),
-        ObjectiveSpec(kl_head="none"),
-        ObjectiveSpec(kl_head="k1_in_reward", beta=0.1, kl_clip_eps=None),
+        ObjectiveSpec(KLConfig(head="k1_in_reward", beta=0.1, form="combined")),
+        ObjectiveSpec(KLConfig(head="none")),
+        ObjectiveSpec(KLConfig(head="k1_in_reward", beta=0.1, clip_eps=None)),
     ):
         assert objective_diagnostics(l, ref, mask, adv, s, old_logp=old_for(-1, 1))["kl_clip_frac"] == 0.0
 
@@ -845,7 +838,7 @@ def test_diagnostics_builds_no_graph():
     x = l.clone().requires_grad_(True)
     old = torch.where(mask, l - 0.1, NAN).requires_grad_(True)
     a = adv.clone().requires_grad_(True)
-    spec = ObjectiveSpec(kl_head="k3_as_loss", beta=0.1)
+    spec = ObjectiveSpec(KLConfig(head="k3_as_loss", beta=0.1))
     d = objective_diagnostics(x, ref, mask, a, spec, old_logp=old)
     expected_keys = {
         "kl_k1",
@@ -939,7 +932,9 @@ def test_gspo_level_in_the_reward_head_is_gspo_loss():
     o = l.detach() + torch.randn(3, 5) * 0.01
     m = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], dtype=torch.bool)
     a = torch.tensor([1.0, -0.5, 2.0])
-    spec = ObjectiveSpec(ratio_level="gspo", clip_eps_low=3e-4, clip_eps_high=4e-4, aggregation="seq_mean_token_mean")
+    spec = ObjectiveSpec(
+        pg=AlgoConfig(ratio_level="gspo", clip_eps_low=3e-4, clip_eps_high=4e-4, aggregation="seq_mean_token_mean")
+    )
     adv = torch.where(m, a[:, None], 0.0)
     loss = policy_objective(l, l.detach(), m, adv, spec, old_logp=o).loss
     n = m.sum(-1)
@@ -950,5 +945,5 @@ def test_gspo_level_in_the_reward_head_is_gspo_loss():
     live = (-a * s >= -a * s.clamp(1 - 3e-4, 1 + 4e-4)).float()  # (B,) the unclipped branch is the max
     grad = torch.where(m, (-(a * s * live) / n / 3)[:, None], 0.0)
     torch.testing.assert_close(l.grad, grad)
-    with pytest.raises(ValueError, match="kl_ratio_level"):
-        ObjectiveSpec(kl_ratio_level="gspo")
+    with pytest.raises(ValueError, match="ratio_level"):
+        KLConfig(ratio_level="gspo")

@@ -140,7 +140,7 @@ def test_config_threads_accepts_auto_int_null_and_names_the_field():
     assert load_config("configs/tiny_add.yaml").train.threads == "auto"  # the shipped default
     with pytest.raises(ConfigError, match=r"train\.threads must be an integer or 'auto' or null, got 'two'$"):
         load_config(None, {"train.threads": "two"})
-    with pytest.raises(ConfigError, match=r"train\.threads must be >= 1, 'auto' or null"):
+    with pytest.raises(ConfigError, match=r"train\.threads must be greater than or equal to 1, got 0"):
         load_config(None, {"train.threads": 0})
 
 

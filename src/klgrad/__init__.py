@@ -11,6 +11,8 @@ A KL regulariser is judged by the gradient it produces. The public API (every ex
 
 import importlib
 
+from klgrad.version import __version__ as __version__
+
 _HOME: dict[str, str] = {
     **dict.fromkeys(("SHAPING_PRESETS", "SHAPING_METHODS", "LEVELS"), "klgrad.choices"),
     **dict.fromkeys(("ShapingStats", "shape_rewards"), "klgrad.advantages"),
@@ -58,7 +60,5 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(__all__)
 
-
-__version__ = "0.1.0"
 
 __all__ = sorted([*_HOME, "__version__"])

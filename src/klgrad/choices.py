@@ -25,26 +25,40 @@ IMPORT_PATH = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 
 
 class OrImportPath:
-    """``Annotated[SomeLiteral, OrImportPath()]``: a choice that also takes a ``package.module:name`` of the
-    user's (``kl.head``); the config checks the form, the implementing module imports it.
+    """``Annotated[str, OrImportPath(SomeLiteral)]``: a choice that also takes a head registered in this process
+    or a ``package.module:name`` of the user's (``kl.head``); the config checks the form, the implementing module
+    imports it. The field's type stays ``str``, so argparse-based parsers (TRL's ``TrlParser``) take any name.
 
-    For pydantic (which validates the configuration) it is one value check with one message, and in the JSON
-    schema an ``anyOf`` of the choices and the import-path pattern, so an editor completes both."""
+    For pydantic (which validates the records) it is one value check with one message, and in the JSON schema an
+    ``anyOf`` of the choices and the import-path pattern, so an editor completes both."""
+
+    def __init__(self, choices: Any) -> None:
+        self.choices: tuple[str, ...] = get_args(choices)
 
     def __repr__(self) -> str:
-        return "OrImportPath()"
+        return f"OrImportPath({list(self.choices)})"
+
+    def accepts(self, value: Any) -> bool:
+        """A choice, a head registered in this process (``klgrad.register_kl_head``) or ``package.module:name``."""
+        import re
+        import sys
+
+        registered = getattr(sys.modules.get("klgrad.kl.heads"), "_REGISTERED", {})  # loaded only by a registrant
+        return isinstance(value, str) and (
+            value in self.choices or value in registered or re.fullmatch(IMPORT_PATH, value) is not None
+        )
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        import re
-
         from pydantic_core import PydanticCustomError, core_schema
 
-        choices = self.choices = get_args(source)  # one OrImportPath() per annotated field
-
         def check(value: Any) -> str:
-            if value in choices or (isinstance(value, str) and re.fullmatch(IMPORT_PATH, value)):
+            if self.accepts(value):
                 return value
-            raise PydanticCustomError("choice_or_import_path", "not a choice", {"expected": list(choices)})
+            raise PydanticCustomError(
+                "choice_or_import_path",
+                "Input should be one of {expected} or 'package.module:name'",
+                {"expected": list(self.choices)},
+            )
 
         return core_schema.no_info_plain_validator_function(check)
 
@@ -107,6 +121,10 @@ uses as its accuracy (``eval/greedy_accuracy``, ``eval/sampled_accuracy``) and t
 Engine = Literal["klgrad", "hf", "vllm"]
 """``rollout.engine``: klgrad's own KV-cache decoder (KlgradSampler), transformers ``generate``, vLLM."""
 ENGINES: tuple[str, ...] = get_args(Engine)
+Task = Literal["addition", "addition_discovery", "scratchpad", "chat_addition", "chat_multiplication", "file"]
+"""``data.task``: a synthetic task (klgrad.data.tasks) or ``file`` (prompts and answers from ``data.path``)."""
+ResponseFormat = Literal["boxed", "think_answer"]
+"""``data.response_format``: what the ``format`` reward checks in a file task's responses."""
 PromptFormat = Literal["auto", "chat", "raw"]
 """How a prompt becomes tokens: ``chat`` = one user message through the tokenizer's chat template with the
 generation prompt appended; ``raw`` = BOS + the prompt text; ``auto`` = chat when the tokenizer has a template."""
@@ -115,10 +133,13 @@ MISMATCH_LEVELS: tuple[str, ...] = get_args(MismatchLevel)
 
 # optimisation and models
 ModelDtype = Literal["float32", "bfloat16", "float16"]
+AttnImplementation = Literal["auto", "eager", "sdpa", "flash_attention_2"]
+"""``model.attn_implementation``: transformers' attention kernels, or auto (eager on CPU, sdpa on GPU)."""
 """``model.dtype`` and ``klgrad export --dtype``: torch's names of the parameter dtypes klgrad trains and exports."""
 MODEL_DTYPES: tuple[str, ...] = get_args(ModelDtype)
 Schedule = Literal["constant", "cosine", "linear"]
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS: tuple[str, ...] = get_args(LoraTarget)
 """Every linear projection of a Llama / Qwen2 / Mistral decoder layer: the default and the allowed targets."""
 
 AuditDtype = Literal["float64", "float32", "bfloat16", "float16"]

@@ -276,10 +276,23 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+class TrainHelpFormatter(argparse.HelpFormatter):
+    """``klgrad train --help``: its own options, then every dotted config flag with its doc, read off the config's
+    JSON schema (:func:`klgrad.completion.config_options`) only when the help is printed."""
+
+    def format_help(self) -> str:
+        from klgrad.completion import config_options
+
+        flags = "\n".join(f"  {o.flag} {{{','.join(o.choices)}}}  {o.help}" if o.choices else f"  {o.flag}  {o.help}"
+                          for o in config_options())  # fmt: skip
+        return f"{super().format_help()}\nconfig fields, each a dotted flag (docs/configuration.md):\n{flags}\n"
+
+
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
     """``klgrad train``: one RL run; every config field is also a dotted flag (``--kl.beta 0.1``)."""
     t = sub.add_parser(
         "train",
+        formatter_class=TrainHelpFormatter,
         help="RL-train a causal LM (embedded tiny model by default)",
         description="RL fine-tuning with a klgrad KL head. Any config field can be overridden with a dotted "
         "flag, e.g. --kl.head k3_as_loss --kl.beta 0.5 --train.steps 50 (fields: docs/configuration.md).",

@@ -2,16 +2,14 @@
 
 :func:`completion_spec` reads what a shell can complete off the parser: the subcommands, each one's options
 and positional choices, and, for a command that takes dotted config overrides (``train``), every
-``--section.field`` of :class:`klgrad.config.Config` with its choices (a ``Literal`` field's values,
-true/false for a bool). :func:`completion_script` renders that spec as a bash, zsh or fish script; ``klgrad
-completion SHELL`` prints it.
+``--section.field`` of :class:`klgrad.config.Config` with its help and choices, from the config's JSON schema
+(an enum's values, true/false for a bool). :func:`completion_script` renders that spec as a bash, zsh or fish
+script; ``klgrad completion SHELL`` prints it.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
 from dataclasses import dataclass
 
 SHELLS = ("bash", "zsh", "fish")
@@ -28,32 +26,20 @@ class Option:
     choices: tuple[str, ...] | None
 
 
-def _choices(tp: typing.Any) -> tuple[str, ...] | None:
-    """The values a config field of type ``tp`` takes: a ``Literal``'s, true/false for ``bool`` (or
-    ``bool | None``); None for a free value."""
-    if typing.get_origin(tp) is typing.Literal:
-        return tuple(str(a) for a in typing.get_args(tp))
-    if tp is bool or [a for a in typing.get_args(tp) if a is not type(None)] == [bool]:
-        return ("true", "false")
-    return None
+def config_options() -> list[Option]:
+    """``--section.field`` for every config leaf, read off the config's JSON schema (the records' own): its doc as
+    the help and its choices (an enum's values, true/false for a boolean; None for a free value)."""
+    from klgrad.config import json_schema
 
-
-def _config_options() -> list[Option]:
-    """``--section.field`` for every config leaf, with its doc line and choices."""
-    from klgrad.config import Config, field_docs
-
-    out: list[Option] = []
-
-    def walk(cls: type, prefix: str) -> None:
-        hints, docs = typing.get_type_hints(cls), field_docs(cls)
-        for f in dataclasses.fields(cls):
-            tp, dotted = hints[f.name], f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(tp):
-                walk(tp, dotted + ".")
-                continue
-            out.append(Option(f"--{dotted}", docs.get(f.name, ""), True, _choices(tp)))
-
-    walk(Config, "")
+    schema, out = json_schema(), []
+    for section, ref in schema["properties"].items():
+        for name, node in schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"].items():
+            members = node.get("anyOf", [node])
+            choices = [str(value) for m in members for value in m.get("enum", [])]
+            if any(m.get("type") == "boolean" for m in members):
+                choices = ["true", "false"]
+            doc = " ".join(node["description"].split())
+            out.append(Option(f"--{section}.{name}", doc, True, tuple(choices) or None))
     return out
 
 
@@ -81,7 +67,7 @@ def completion_spec(parser: argparse.ArgumentParser) -> dict[str, dict]:
     for name, p in sub.choices.items():
         opts, words = options_of(p)
         if p.get_default("takes_overrides"):
-            opts += _config_options()
+            opts += config_options()
         spec[name] = {"options": opts, "words": words}
     return spec
 

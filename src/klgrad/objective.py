@@ -27,22 +27,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from klgrad import option_rules as rules
 from klgrad.advantages import leave_one_out_scale, shape_rewards
-from klgrad.choices import (
-    AGGREGATIONS,
-    FORMS,
-    LEVELS,
-    RATIO_LEVELS,
-    REWARD_RATIO_LEVELS,
-    Aggregation,
-    Form,
-    Level,
-    RatioLevel,
-    RewardRatioLevel,
-)
+from klgrad.choices import AGGREGATIONS, Aggregation, Level, RewardRatioLevel
+from klgrad.config import AlgoConfig, KLConfig, KLHeadOptions
 from klgrad.kl import (
-    KL_HEADS,
     MAX_LOG_RATIO,
     KLHead,
     get_kl_head,
@@ -60,92 +48,30 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """What the loss is made of: every choice of the reward head and the KL head (docs/math.md).
+    """What the loss is made of (docs/math.md): a run config's own records, unchanged and checked when made.
 
-    A run builds it from its config with :meth:`from_config`."""
+    ``kl`` is the ``kl`` section (head, level, form, off-policy correction and β; an adaptive β is a replaced
+    record) and ``pg`` the ``algo`` section (reward-head clip, ratio level, aggregation, entropy bonus)."""
 
-    kl_head: str = "none"
-    """The KL head: a name in :data:`klgrad.kl.KL_HEADS`, a registered head or ``package.module:name``
-    (:func:`klgrad.kl.get_kl_head`)."""
-    beta: float = 0.0
-    """KL weight β (≥ 0)."""
-    kl_level: Level = "sequence"
-    """Where the KL head acts: sequence | token_to_go | token."""
-    form: Form = "decoupled"
-    """combined (coefficient in the reward before shaping) or decoupled (separate KL loss)."""
-    clip_eps_low: float = 0.2
-    """Reward head: lower PPO clip ε_low (ratio ≥ 1 - ε_low)."""
-    clip_eps_high: float = 0.2
-    """Reward head: upper PPO clip ε_high (ratio ≤ 1 + ε_high); > ε_low is 'clip-higher'."""
-    dual_clip: float | None = None
-    """Reward head: dual-clip constant c > 1 bounding the loss of negative advantages by -c·A (None: off)."""
-    ratio_level: RewardRatioLevel = "token"
-    """Reward head ratio: token (PPO/GRPO), sequence (unnormalised exp(Σ_t (l_t - o_t)), the exact sequence IS
-    weight) or gspo (GSPO's length-normalised exp(mean_t (l_t - o_t)), :func:`klgrad.kl.gspo_ratio`)."""
-    kl_clip_eps: float | None = 0.2
-    """Decoupled KL head off-policy: symmetric clip ε (None: IS without clipping)."""
-    kl_ratio_level: RatioLevel = "sequence"
-    """Decoupled KL head off-policy: importance ratio per token or per sequence (unbiased). No gspo: the head's
-    exactness needs the true sequence IS weight, which the length-normalised ratio is not."""
-    kl_is_correction: bool = True
-    """False reproduces the common bug (as-loss KL differentiated off-policy without IS); comparisons only."""
-    aggregation: Aggregation = "seq_mean_token_sum"
-    """How per-token losses become a scalar."""
-    entropy_coef: float = 0.0
-    """Entropy bonus weight (paper: 0)."""
+    kl: KLConfig = field(default_factory=lambda: KLConfig(head="none", beta=0.0))
+    """The KL term and its weight β (:class:`klgrad.config.KLConfig`; default: none)."""
+    pg: AlgoConfig = field(default_factory=AlgoConfig)
+    """The policy-gradient options (:class:`klgrad.config.AlgoConfig`)."""
     max_log_ratio: float = MAX_LOG_RATIO
     """Cap of importance log-ratios in value (overflow guard; gradients pass unchanged)."""
 
     def __post_init__(self) -> None:
-        if self.kl_head not in KL_HEADS:
-            try:
-                get_kl_head(self.kl_head)  # a registered head, or a module:name imported now
-            except ValueError as e:
-                raise ValueError(f"kl_head: {e}") from None
-        ruled = ("beta", "clip_eps_low", "clip_eps_high", "dual_clip", "kl_clip_eps", "entropy_coef", "max_log_ratio")
-        problems = [(name, rules.problem(name, getattr(self, name))) for name in ruled]  # fields named as the rules
-        problems += [
-            ("form", rules.choice_problem(self.form, FORMS)),
-            ("kl_level", rules.choice_problem(self.kl_level, LEVELS)),
-            ("ratio_level", rules.choice_problem(self.ratio_level, REWARD_RATIO_LEVELS)),
-            ("kl_ratio_level", rules.choice_problem(self.kl_ratio_level, RATIO_LEVELS)),
-            ("aggregation", rules.choice_problem(self.aggregation, AGGREGATIONS)),
-            ("kl_level", rules.combined_level_problem(self.form, self.kl_level)),
-        ]
-        for name, problem in problems:
-            if problem is not None:
-                raise ValueError(f"{name} {problem}, got {getattr(self, name)!r}")
+        if not self.max_log_ratio > 0:
+            raise ValueError(f"max_log_ratio must be > 0, got {self.max_log_ratio}")
 
     @property
     def head(self) -> KLHead:
-        return get_kl_head(self.kl_head)
+        return get_kl_head(self.kl.head)
 
     @classmethod
-    def from_config(cls, cfg: Config, beta: float | None = None) -> ObjectiveSpec:
-        """The loss a run's config describes (:data:`CONFIG_KEYS` says where each field lives); ``beta``
-        overrides ``kl.beta`` (an adaptive β's current value)."""
-        values = {name: getattr(getattr(cfg, section), key) for name, (section, key) in CONFIG_KEYS.items()}
-        return cls(**{**values, **({} if beta is None else {"beta": beta})})
-
-
-CONFIG_KEYS: dict[str, tuple[str, str]] = {
-    "kl_head": ("kl", "head"),
-    "beta": ("kl", "beta"),
-    "kl_level": ("kl", "level"),
-    "form": ("kl", "form"),
-    "clip_eps_low": ("algo", "clip_eps_low"),
-    "clip_eps_high": ("algo", "clip_eps_high"),
-    "dual_clip": ("algo", "dual_clip"),
-    "ratio_level": ("algo", "ratio_level"),
-    "kl_clip_eps": ("kl", "clip_eps"),
-    "kl_ratio_level": ("kl", "ratio_level"),
-    "kl_is_correction": ("kl", "is_correction"),
-    "aggregation": ("algo", "aggregation"),
-    "entropy_coef": ("algo", "entropy_coef"),
-}
-"""Where each :class:`ObjectiveSpec` field is set in a run's config: field -> (section, key). The spec's names
-say which head a setting belongs to (``kl_clip_eps`` vs the reward head's ``clip_eps_low``); the config groups
-them by section instead. ``max_log_ratio`` has no config key (the overflow guard's constant)."""
+    def from_config(cls, cfg: Config) -> ObjectiveSpec:
+        """The loss a run's config describes: its ``kl`` and ``algo`` sections, as they are."""
+        return cls(cfg.kl, cfg.algo)
 
 
 @dataclass
@@ -249,9 +175,7 @@ def combined_advantages(
     (G = 2 with group normalisation) or 0. The variance is not guaranteed lower than the sequence level's under
     a normalising shaper. ``logp`` is the *current* detached policy: recompute every epoch.
     """
-    problem = rules.combined_level_problem("combined", level)
-    if problem is not None:
-        raise ValueError(f"level {problem}")
+    KLHeadOptions(form="combined", level=level)  # the record's rule: a ValueError naming level for "token"
     head = get_kl_head(head)
     mask = mask.bool()
     coef = level_coefficients(head, logp, ref_logp, mask, level)  # (B, T), zero at padding
@@ -320,9 +244,9 @@ def policy_objective(
     Args:
         logp, ref_logp, mask: (B, T); ``logp`` carries gradient.
         adv: (B, T) advantages: :func:`decoupled_advantages` or :func:`combined_advantages` to match
-            ``spec.form``.
+            ``spec.kl.form``.
         old_logp: (B, T) behaviour log-probs, None when on-policy.
-        entropy: (B, T) per-token entropy carrying gradient (needed when ``spec.entropy_coef > 0``).
+        entropy: (B, T) per-token entropy carrying gradient (needed when ``spec.pg.entropy_coef > 0``).
         num_sequences, num_tokens: global normalisers for micro-batching (default: this batch's).
         mismatch_weights: (B, T) detached per-token weights w multiplying the reward head's per-token loss
             terms: the truncated importance weights of :func:`klgrad.rollout.mismatch.mismatch_weights` that
@@ -330,16 +254,16 @@ def policy_objective(
             reweighted (as in verl's TIS). None (default) = all ones: results unchanged.
     """
     mask = mask.bool()
-    agg = dict(mode=spec.aggregation, num_sequences=num_sequences, num_tokens=num_tokens)
+    agg = dict(mode=spec.pg.aggregation, num_sequences=num_sequences, num_tokens=num_tokens)
     pg_per_token = policy_gradient_loss(
         logp,
         adv,
         mask,
         old_logp=old_logp,
-        clip_eps_low=spec.clip_eps_low,
-        clip_eps_high=spec.clip_eps_high,
-        dual_clip=spec.dual_clip,
-        ratio_level=spec.ratio_level,
+        clip_eps_low=spec.pg.clip_eps_low,
+        clip_eps_high=spec.pg.clip_eps_high,
+        dual_clip=spec.pg.dual_clip,
+        ratio_level=spec.pg.ratio_level,
         max_log_ratio=spec.max_log_ratio,
     )  # (B, T)
     if mismatch_weights is not None:
@@ -352,26 +276,26 @@ def policy_objective(
         pg_per_token = pg_per_token * w
     pg = aggregate(pg_per_token, mask, **agg)
     kl = torch.zeros((), dtype=pg.dtype)
-    if spec.form == "decoupled" and spec.head.style != "none" and spec.beta > 0:
+    if spec.kl.form == "decoupled" and spec.head.style != "none" and spec.kl.beta > 0:
         kl_totals = kl_loss_per_sequence(
             spec.head,
             logp,
             ref_logp,
             mask,
             old_logp=old_logp,
-            level=spec.kl_level,
-            clip_eps=spec.kl_clip_eps,
-            ratio_level=spec.kl_ratio_level,
-            is_correction=spec.kl_is_correction,
+            level=spec.kl.level,
+            clip_eps=spec.kl.clip_eps,
+            ratio_level=spec.kl.ratio_level,
+            is_correction=spec.kl.is_correction,
             max_log_ratio=spec.max_log_ratio,
         )  # (B,)
         kl = aggregate_totals(kl_totals, mask, **agg)
     ent = torch.zeros((), dtype=pg.dtype)
-    if spec.entropy_coef > 0:
+    if spec.pg.entropy_coef > 0:
         if entropy is None:
             raise ValueError("entropy_coef > 0 needs the per-token entropy tensor")
         ent = aggregate(entropy, mask, **agg)
-    loss = pg + spec.beta * kl - spec.entropy_coef * ent
+    loss = pg + spec.kl.beta * kl - spec.pg.entropy_coef * ent
     return ObjectiveTerms(loss=loss, policy_loss=pg.detach(), kl_loss=kl.detach(), entropy=ent.detach())
 
 
@@ -406,7 +330,7 @@ def objective_diagnostics(
         out.update(ratio_mean=1.0, ratio_max=1.0, ratio_min=1.0, clip_frac=0.0, dual_clip_frac=0.0, kl_clip_frac=0.0)
         return out
     o = f(old_logp)
-    ratio = importance_ratio(l, o, mask, spec.ratio_level, spec.max_log_ratio)  # (B, T)
+    ratio = importance_ratio(l, o, mask, spec.pg.ratio_level, spec.max_log_ratio)  # (B, T)
     valid = ratio[mask]
     if valid.numel() == 0:  # no response token at all: nothing to measure
         valid = torch.ones(1, dtype=ratio.dtype)
@@ -414,16 +338,16 @@ def objective_diagnostics(
     out["ratio_max"] = float(valid.max())
     out["ratio_min"] = float(valid.min())
     a = torch.where(mask, adv.detach().to(ratio.dtype), 0.0)  # (B, T)
-    clipped = ((a > 0) & (ratio > 1 + spec.clip_eps_high)) | ((a < 0) & (ratio < 1 - spec.clip_eps_low))
+    clipped = ((a > 0) & (ratio > 1 + spec.pg.clip_eps_high)) | ((a < 0) & (ratio < 1 - spec.pg.clip_eps_low))
     out["clip_frac"] = float((clipped & mask).sum() / n_tok)
-    dual = (a < 0) & (ratio > spec.dual_clip) if spec.dual_clip is not None else torch.zeros_like(mask)
+    dual = (a < 0) & (ratio > spec.pg.dual_clip) if spec.pg.dual_clip is not None else torch.zeros_like(mask)
     out["dual_clip_frac"] = float((dual & mask).sum() / n_tok)
     out["kl_clip_frac"] = 0.0
-    kl_active = spec.form == "decoupled" and spec.head.style != "none" and spec.beta > 0
-    if kl_active and spec.kl_is_correction and spec.kl_clip_eps is not None:
-        coef = level_coefficients(spec.head, l, r, mask, spec.kl_level)  # (B, T)
-        kl_ratio = importance_ratio(l, o, mask, spec.kl_ratio_level, spec.max_log_ratio)  # (B, T)
-        eps = spec.kl_clip_eps
+    kl_active = spec.kl.form == "decoupled" and spec.head.style != "none" and spec.kl.beta > 0
+    if kl_active and spec.kl.is_correction and spec.kl.clip_eps is not None:
+        coef = level_coefficients(spec.head, l, r, mask, spec.kl.level)  # (B, T)
+        kl_ratio = importance_ratio(l, o, mask, spec.kl.ratio_level, spec.max_log_ratio)  # (B, T)
+        eps = spec.kl.clip_eps
         kl_clipped = ((coef > 0) & (kl_ratio < 1 - eps)) | ((coef < 0) & (kl_ratio > 1 + eps))
         out["kl_clip_frac"] = float((kl_clipped & mask).sum() / n_tok)
     return out

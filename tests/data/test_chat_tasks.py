@@ -43,7 +43,7 @@ def test_prompt_format_decides_the_encoding(tok):
 
 
 def test_prompt_format_is_validated():
-    with pytest.raises(ValueError, match=r"data\.prompt_format must be one of \['auto', 'chat', 'raw'\]"):
+    with pytest.raises(ValueError, match=r"data\.prompt_format must be 'auto', 'chat' or 'raw'"):
         load_config(overrides={"data.prompt_format": "template"})
 
 

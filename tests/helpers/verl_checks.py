@@ -260,8 +260,8 @@ def loss_checks() -> dict:
         "policy_loss": {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": "klgrad"},
     }))
     spec = kv.spec_from_verl(plain, "token-mean")
-    out["plain_policy_loss_config"] = {"type": type(plain.policy_loss).__name__, "kl_head": spec.kl_head,
-                                       "beta": spec.beta, "kl_clip_eps": spec.kl_clip_eps}
+    out["plain_policy_loss_config"] = {"type": type(plain.policy_loss).__name__, "kl_head": spec.kl.head,
+                                       "beta": spec.kl.beta, "kl_clip_eps": spec.kl.clip_eps}
 
     # bad setting names the field
     try:

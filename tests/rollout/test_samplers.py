@@ -182,3 +182,23 @@ def test_every_engine_has_a_sampler():
     from klgrad.rollout.samplers import SAMPLERS
 
     assert tuple(SAMPLERS) == ENGINES
+
+
+def test_every_engine_implements_the_sampler_protocol_and_nothing_more_is_asked():
+    """The trainer calls ``generate`` with the protocol's keywords and ``sync_weights`` on every engine; only
+    klgrad's own sampler takes ``uniforms=`` (its keyword, outside the protocol)."""
+    import inspect
+
+    from klgrad.rollout.batch import Sampler
+    from klgrad.rollout.vllm_engine import VLLMSampler
+
+    protocol = set(inspect.signature(Sampler.generate).parameters)
+    for engine in (KlgradSampler, HFGenerateSampler, VLLMSampler):
+        assert protocol <= set(inspect.signature(engine.generate).parameters), engine.__name__
+        assert callable(engine.sync_weights), engine.__name__
+    assert "uniforms" not in protocol
+    assert "uniforms" in inspect.signature(KlgradSampler.generate).parameters
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                         num_attention_heads=1, num_key_value_heads=1))  # fmt: skip
+    for sampler in (KlgradSampler(1, 0), HFGenerateSampler(1, 0)):
+        assert sampler.sync_weights(model) is None  # they sample from the model itself: nothing to sync

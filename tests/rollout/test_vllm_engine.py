@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from klgrad.config import ConfigError, load_config
+from klgrad.config import ConfigError, KLConfig, load_config
 from klgrad.machine import vllm_requirements_error, vllm_unavailable_reason
 from klgrad.objective import ObjectiveSpec, decoupled_advantages, policy_objective
 from klgrad.rollout.mismatch import mismatch_weights
@@ -100,7 +100,7 @@ def _objective_inputs(seed: int):
 @pytest.mark.parametrize("old", [False, True])
 def test_objective_unchanged_with_none_or_unit_weights(old):
     logp, ref, old_logp, mask, adv = _objective_inputs(1)
-    spec = ObjectiveSpec(kl_head="k2_as_loss", beta=0.5, kl_level="token")
+    spec = ObjectiveSpec(KLConfig(head="k2_as_loss", beta=0.5, level="token"))
     kw = {"old_logp": old_logp if old else None}
     base = policy_objective(logp, ref, mask, adv, spec, **kw)
     (g_base,) = torch.autograd.grad(base.loss, logp)
@@ -113,12 +113,12 @@ def test_objective_unchanged_with_none_or_unit_weights(old):
 def test_objective_weights_scale_only_the_reward_head():
     # w = 3 everywhere: policy loss and its gradient x3, KL loss unchanged
     logp, ref, _, mask, adv = _objective_inputs(2)
-    spec = ObjectiveSpec(kl_head="k2_as_loss", beta=0.5, kl_level="token")
+    spec = ObjectiveSpec(KLConfig(head="k2_as_loss", beta=0.5, level="token"))
     base = policy_objective(logp, ref, mask, adv, spec)
     w = policy_objective(logp, ref, mask, adv, spec, mismatch_weights=torch.full_like(ref, 3.0))
     torch.testing.assert_close(w.policy_loss, 3 * base.policy_loss, **TIGHT)
     torch.testing.assert_close(w.kl_loss, base.kl_loss, **TIGHT)
-    pg_only = ObjectiveSpec(kl_head="none")
+    pg_only = ObjectiveSpec(KLConfig(head="none"))
     (g1,) = torch.autograd.grad(policy_objective(logp, ref, mask, adv, pg_only).loss, logp)
     weights = torch.full_like(ref, 3.0)
     (g3,) = torch.autograd.grad(policy_objective(logp, ref, mask, adv, pg_only, mismatch_weights=weights).loss, logp)
@@ -129,7 +129,7 @@ def test_objective_per_token_weights_match_a_loop_reference():
     # on-policy, seq_mean_token_sum, no KL: loss = -(1/B) Σ_i Σ_t m w A ρ with ρ = 1 in value
     logp, ref, _, mask, adv = _objective_inputs(3)
     w = torch.rand(ref.shape, generator=torch.Generator().manual_seed(9), dtype=F64) * 2
-    out = policy_objective(logp, ref, mask, adv, ObjectiveSpec(kl_head="none"), mismatch_weights=w)
+    out = policy_objective(logp, ref, mask, adv, ObjectiveSpec(KLConfig(head="none")), mismatch_weights=w)
     B, T = ref.shape
     expect = -sum(float(w[i, t] * adv[i, t]) for i in range(B) for t in range(T) if mask[i, t]) / B
     assert math.isclose(float(out.loss.detach()), expect, rel_tol=1e-12, abs_tol=1e-12)

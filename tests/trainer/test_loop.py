@@ -403,3 +403,56 @@ def test_packed_and_padded_passes_train_the_same_20_steps(tmp_path):
     for k, w in final[False].items():
         torch.testing.assert_close(final[True][k], w, rtol=0, atol=bound, msg=k)
     assert evals[True][-1]["eval/greedy_accuracy"] == evals[False][-1]["eval/greedy_accuracy"]
+
+
+def test_resume_refuses_a_changed_beta_naming_it_and_leaves_the_run_as_it_was(tmp_path, capsys):
+    """``--resume RUN --kl.beta 0.1`` on a run made at β = 0.5: exit 2 naming ``kl.beta``; config.yaml, metrics and
+    checkpoints untouched (it once rewrote config.yaml with 0.1 and trained on at 0.5)."""
+    from klgrad.cli import main
+
+    cfg = small(tmp_path, **{"train.steps": 2})
+    train(cfg, progress=False)
+    run = Path(cfg.train.out_dir)
+    before = {p.name: p.read_bytes() for p in (run / "config.yaml", run / "metrics.jsonl")}
+    assert main(["train", "--resume", str(run), "--kl.beta", "0.1", "--train.steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "kl.beta cannot change on --resume" in err
+    assert "0.5" in err
+    assert "train.steps" not in err  # a field that may change is not refused
+    assert {p.name: p.read_bytes() for p in (run / "config.yaml", run / "metrics.jsonl")} == before
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_000002"]
+
+
+def test_resume_with_more_steps_extends_the_run_on_its_new_schedule_and_records_it(tmp_path):
+    """``train.steps`` may grow on resume (long comparison grids extend their runs): the new value is recorded in
+    config.yaml, the resumed steps follow the new learning-rate schedule, and with a constant schedule the extended
+    run is the run made that long from the start, bit for bit."""
+    from klgrad.config import load_config
+    from klgrad.schedule import lr_factor
+
+    whole = small(tmp_path / "a", **{"train.steps": 4})
+    train(whole, progress=False)
+    short = small(tmp_path / "b", **{"train.steps": 2})
+    train(short, progress=False)
+    run = Path(short.train.out_dir)
+    train(load_config(run / "config.yaml", {"train.steps": 4}), resume=True, progress=False)
+    assert load_config(run / "config.yaml").train.steps == 4  # the record says what ran
+
+    def stable(rs):
+        return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"} for r in rs]
+
+    assert stable(read_jsonl(run / "metrics.jsonl")) == stable(read_jsonl(Path(whole.train.out_dir) / "metrics.jsonl"))
+    wa = weights(Path(whole.train.out_dir) / "checkpoints" / "step_000004" / "policy.safetensors")
+    wb = weights(run / "checkpoints" / "step_000004" / "policy.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # a decaying schedule: steps 3 and 4 take the 4-step schedule's rates, not the 2-step one's
+    lin = small(tmp_path / "c", **{"train.steps": 2, "optim.schedule": "linear", "train.save_every": 1})
+    train(lin, progress=False)
+    lin_run = Path(lin.train.out_dir)
+    train(load_config(lin_run / "config.yaml", {"train.steps": 4}), resume=True, progress=False)
+    lrs = {r["step"]: r["lr"] for r in read_jsonl(lin_run / "metrics.jsonl") if "lr" in r}
+    for step in (3, 4):  # the rate recorded at a step is the one set after its update (the next step's)
+        assert lrs[step] == pytest.approx(lin.optim.lr * lr_factor(step, 4, 0, "linear"), rel=1e-12)
+    # step 3's update ran at the new schedule's rate (2-step schedule: 0 there, so the weights would not move)
+    w2, w3 = (weights(lin_run / "checkpoints" / f"step_00000{s}" / "policy.safetensors") for s in (2, 3))
+    assert any(not torch.equal(w2[k], w3[k]) for k in w2)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from klgrad.config import load_config, to_dict
-from klgrad.objective import ObjectiveSpec
 from klgrad.rewards import RewardResult
 from klgrad.trainer.record import (
     RunRecord,
@@ -47,7 +46,7 @@ def test_step_record_matches_closed_forms():
     clock = StepClock()
     for phase in ("rollout", "reward", "ref", "update"):
         clock.mark(phase)
-    record = step_record(3, cfg, ObjectiveSpec.from_config(cfg), b, stats, beta=0.5, lr=1e-4, clock=clock)
+    record = step_record(3, cfg, b, stats, lr=1e-4, clock=clock)
     u = torch.where(b.mask, b.sampler_logp - b.ref_logp, 0.0).sum(-1).double()  # (8,) written out here
     assert record["step"] == 3
     assert record["reward/mean"] == 0.375
@@ -74,7 +73,7 @@ def test_mismatch_metrics_are_over_response_tokens_only():
     b = batch()
     weights[b.mask] = torch.linspace(0.5, 2.0, int(b.mask.sum()))
     b = batch(weights)
-    record = step_record(1, cfg, ObjectiveSpec.from_config(cfg), b, UpdateStats(), beta=0.5, lr=1.0, clock=StepClock())
+    record = step_record(1, cfg, b, UpdateStats(), lr=1.0, clock=StepClock())
     assert record["mismatch/weight_mean"] == pytest.approx(1.25)
     assert record["mismatch/weight_max"] == 2.0
     assert record["mismatch/capped_frac"] == pytest.approx(1 / int(b.mask.sum()))

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file
 
 from klgrad.choices import FORMS, LEVELS, RATIO_LEVELS
-from klgrad.config import ConfigError, load_config
+from klgrad.config import ConfigError, KLConfig, load_config
 from klgrad.kl import KL_HEADS, kl_estimate, kl_loss
 from klgrad.objective import (
     ObjectiveSpec,
@@ -338,7 +338,7 @@ def _check_heads(logp, ref, old, mask, rewards, kl_ratio_level: str, combos) -> 
         CASES["logratio_combinations"] += 1
         ctx = (name, level, form, off)
         behaviour = old if off else None
-        spec = ObjectiveSpec(kl_head=name, beta=0.5, kl_level=level, form=form, kl_ratio_level=kl_ratio_level)
+        spec = ObjectiveSpec(KLConfig(head=name, beta=0.5, level=level, form=form, ratio_level=kl_ratio_level))
         if form == "combined":
             adv = combined_advantages(
                 rewards, name, logp, ref, mask, beta=0.5, level=level, group_size=2, method="grpo"

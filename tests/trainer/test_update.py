@@ -22,6 +22,7 @@ import torch
 from klgrad.config import load_config
 from klgrad.objective import ObjectiveSpec, combined_advantages, decoupled_advantages, policy_objective
 from klgrad.trainer import Batch, UpdateStats, make_logprob_fn, mini_batch_rows, update
+from klgrad.trainer.faults import Hooks
 from tests.helpers.tiny_llama import BOS, EOS, PAD, V, tiny_llama64
 from tests.helpers.tolerances import llama_depth, network_tol, unit_roundoff
 
@@ -66,8 +67,7 @@ def step_with_sgd(cfg, batch: Batch) -> tuple[dict[str, torch.Tensor], UpdateSta
     """Weights after :func:`update` with SGD(lr=1) from the policy of seed 10, and the update's statistics."""
     policy = tiny_llama64(seed=10, attn="sdpa").train()
     optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)
-    spec = ObjectiveSpec.from_config(cfg)
-    stats = update(policy, optimizer, batch, cfg, spec, make_logprob_fn(1.0, fast_forward=False))
+    stats = update(policy, optimizer, batch, cfg, make_logprob_fn(1.0, fast_forward=False))
     return {k: v.detach().clone() for k, v in policy.named_parameters()}, stats
 
 
@@ -157,8 +157,7 @@ def test_combined_form_uses_the_current_policy_for_the_kl_coefficient():
     assert stats.kl_loss == 0.0
 
 
-def test_a_non_finite_loss_skips_the_step_and_leaves_weights_and_optimizer_state_untouched(monkeypatch):
-    monkeypatch.setenv("KLGRAD_NAN_AT", "7")
+def test_a_non_finite_loss_skips_the_step_and_leaves_weights_and_optimizer_state_untouched():
     cfg, batch = config(), make_batch()
     policy = tiny_llama64(seed=10, attn="sdpa").train()
     start = {k: v.detach().clone() for k, v in policy.named_parameters()}
@@ -168,9 +167,9 @@ def test_a_non_finite_loss_skips_the_step_and_leaves_weights_and_optimizer_state
         optimizer,
         batch,
         cfg,
-        ObjectiveSpec.from_config(cfg),
         make_logprob_fn(1.0, fast_forward=False),
         record_step=7,
+        hooks=Hooks(nan=lambda step: step == 7),  # the fault-injection seam: step 7's loss is NaN
     )
     assert stats.skipped_updates == 1
     assert all(torch.equal(v, start[k]) for k, v in policy.named_parameters())
@@ -189,3 +188,16 @@ def test_mini_batches_take_the_same_groups_from_every_shard():
         union = torch.cat([r * (n // world) + mini_batch_rows(n // world, g, m)[k] for r in range(world)])
         assert torch.equal(union.sort().values, whole[k].sort().values)
     assert whole[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]  # groups 0, 2, 4, 6
+
+
+def test_fault_hooks_are_no_ops_unless_installed():
+    """The seam the reliability tests use: nothing happens by default; the variables install callbacks."""
+    from klgrad.trainer.faults import NO_HOOKS
+
+    quiet = Hooks.from_env({})
+    assert quiet == NO_HOOKS
+    assert not any(quiet.nan(step) for step in range(5))
+    quiet.at("update", 1)  # no kill
+    nan = Hooks.from_env({"KLGRAD_NAN_AT": "2,3"})
+    assert [nan.nan(step) for step in range(5)] == [False, False, True, True, False]
+    assert Hooks.from_env({"KLGRAD_KILL_AT": "log:9"}).nan(9) is False

@@ -47,9 +47,9 @@ off-policy, ``clip/kl_frac`` (share of tokens whose KL gradient the clip removed
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,9 +63,10 @@ except ImportError as err:  # pragma: no cover - exercised by a test that hides 
         "klgrad.integrations.trl needs TRL (>= 1.16), which is not installed: pip install 'klgrad[trl]'"
     ) from err
 
-from klgrad import option_rules as rules
-from klgrad.choices import FORMS, LEVELS, RATIO_LEVELS, SHAPING_METHODS, Form, Level, RatioLevel
-from klgrad.kl import KL_HEADS, KLHead, get_kl_head, kl_loss_per_sequence, level_coefficients
+from klgrad.choices import ShapingMethod
+from klgrad.config import KLConfig, KLHeadOptions
+from klgrad.config.sections import Positive, record
+from klgrad.kl import KLHead, get_kl_head, kl_loss_per_sequence, level_coefficients
 from klgrad.objective import ObjectiveSpec, combined_advantages, objective_diagnostics
 
 __all__ = ["TRL_LOSS_TYPES", "KLGradGRPOTrainer", "KLGradTRLConfig", "aggregate_like_trl"]
@@ -77,58 +78,31 @@ _SHAPING_FROM_SCALE_REWARDS: dict[str, str] = {"group": "grpo", "none": "dr_grpo
 """TRL ``scale_rewards`` -> klgrad shaping for the combined form (``batch`` has no exact klgrad twin)."""
 
 
-@dataclass(frozen=True)
-class KLGradTRLConfig:
-    """The KL term :class:`KLGradGRPOTrainer` uses in place of TRL's. β is TRL's ``args.beta``."""
+@record
+class KLGradTRLConfig(KLHeadOptions):
+    """The KL term :class:`KLGradGRPOTrainer` uses in place of TRL's: the KL options of a klgrad run's ``kl``
+    section (:class:`klgrad.config.KLHeadOptions`: head, level, form, clip_eps, ratio_level, is_correction; the
+    same record, fields and rules), plus the combined form's shaping. β is TRL's ``args.beta``.
 
-    head: str = "k2_as_loss"
-    """KL head: a name in klgrad.KL_HEADS, a registered head, or 'package.module:name' (a penalty ψ(logp, ref_logp)
-    or a KLHead of yours). From Python a KLHead object works too (e.g. from klgrad.custom_kl_head); the field is
-    typed ``str`` so that TRL's own ``TrlParser`` reads it from YAML and the command line."""
-    level: Level = "sequence"
-    """Where the head acts: sequence | token_to_go | token (token: decoupled only)."""
-    form: Form = "decoupled"
-    """decoupled (separate KL loss, β outside) or combined (β·C subtracted from the reward before shaping)."""
-    clip_eps: float | None = 0.2
-    """Decoupled, off-policy: symmetric clip ε of the KL head (None: importance sampling without clipping)."""
-    ratio_level: RatioLevel = "sequence"
-    """Decoupled, off-policy: importance ratio of the KL head per token or per sequence."""
-    is_correction: bool = True
-    """Decoupled, off-policy: False applies as-loss penalties as if on-policy (the common bug; comparisons only)."""
-    shaping: str | None = None
+    A pydantic dataclass: a bad value raises a ``ValueError`` (pydantic's ``ValidationError``) naming the field,
+    and TRL's own ``TrlParser`` reads it beside ``GRPOConfig`` (``head`` is typed ``str``; a head object of yours:
+    :func:`klgrad.register_kl_head` it and pass its name)."""
+
+    shaping: ShapingMethod | None = None
     """Combined form: klgrad shaping method of R - β·C; None derives it from TRL's scale_rewards."""
-    std_min: float | None = None
+    std_min: Positive | None = None
     """Combined form: lower clip of the shaping's normalising stds (klgrad's algo.std_min; None: no clip)."""
-    std_max: float | None = None
+    std_max: Positive | None = None
     """Combined form: upper clip of the shaping's normalising stds (klgrad's algo.std_max; None: no clip)."""
-
-    def __post_init__(self) -> None:
-        try:
-            head_ok = isinstance(self.head, KLHead) or get_kl_head(self.head) is not None
-        except ValueError:
-            head_ok = False
-        checks = [
-            (head_ok, "head", f"must be a KLHead, one of {sorted(KL_HEADS)}, registered, or 'module:name'"),
-            (isinstance(self.is_correction, bool), "is_correction", "must be a bool"),
-            (self.shaping is None or self.shaping in SHAPING_METHODS, "shaping", f"must be one of {SHAPING_METHODS}"),
-        ]
-        problems = [
-            ("level", rules.choice_problem(self.level, LEVELS)),
-            ("form", rules.choice_problem(self.form, FORMS)),
-            ("ratio_level", rules.choice_problem(self.ratio_level, RATIO_LEVELS)),
-            ("clip_eps", rules.problem("kl_clip_eps", self.clip_eps)),
-            ("std_min", rules.problem("std_min", self.std_min)),
-            ("std_max", rules.problem("std_max", self.std_max)),
-            ("level", rules.combined_level_problem(self.form, self.level)),
-        ]
-        checks += [(problem is None, name, problem) for name, problem in problems]
-        for ok, name, msg in checks:
-            if not ok:
-                raise ValueError(f"KLGradTRLConfig.{name} {msg}, got {getattr(self, name)!r}")
 
     @property
     def kl_head(self) -> KLHead:
         return get_kl_head(self.head)
+
+    def kl_options(self, beta: float) -> KLConfig:
+        """The run-config ``kl`` record of these options at TRL's ``beta``."""
+        head = {f.name: getattr(self, f.name) for f in dataclasses.fields(KLHeadOptions)}
+        return KLConfig(**head, beta=beta)
 
 
 def aggregate_like_trl(
@@ -190,6 +164,7 @@ class KLGradGRPOTrainer(GRPOTrainer):
         self._klgrad_rewards_per_func: Tensor | None = None
         super().__init__(*args, **kwargs)
         self._klgrad_check_trl_settings()
+        self.klgrad_kl = self.klgrad_config.kl_options(float(self.beta))  # the KL record at TRL's β, made once
 
     # ------------------------------------------------------------------------------------------------------
     # settings
@@ -385,16 +360,7 @@ class KLGradGRPOTrainer(GRPOTrainer):
         """klgrad's KL diagnostics into TRL's ``_metrics`` (averaged over processes); ``kl``: the decoupled KL loss
         as :func:`klgrad.kl_loss` reports it (mean over sequences of the per-sequence loss, β not included)."""
         cfg = self.klgrad_config
-        registered = isinstance(cfg.head, str)
-        spec = ObjectiveSpec(  # KL fields only: TRL logs its own reward-head clip ratios
-            kl_head=cfg.head if registered else "none",
-            beta=float(self.beta),
-            kl_level=cfg.level,
-            form=cfg.form,
-            kl_clip_eps=cfg.clip_eps,
-            kl_ratio_level=cfg.ratio_level,
-            kl_is_correction=cfg.is_correction,
-        )
+        spec = ObjectiveSpec(kl=self.klgrad_kl)  # KL only: TRL logs its own reward-head clip ratios
         adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)  # (B, T)
         diag = objective_diagnostics(logp, ref_logp, mask, adv, spec, old_logp=old_logp)
         names = {"kl_k1": "kl/k1", "kl_k2": "kl/k2", "kl_k3": "kl/k3"}
@@ -402,7 +368,7 @@ class KLGradGRPOTrainer(GRPOTrainer):
         values = {names[k]: diag[k] for k in names}
         if kl is not None:
             values["loss/kl"] = float(kl.detach())
-            if old_logp is not None and cfg.is_correction and registered:
+            if old_logp is not None and cfg.is_correction:
                 values["clip/kl_frac"] = diag["kl_clip_frac"]
         stacked = torch.tensor(list(values.values()), dtype=torch.float64, device=logp.device)
         means = self.accelerator.gather(stacked[None]).mean(0).tolist()

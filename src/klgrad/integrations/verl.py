@@ -50,10 +50,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from pydantic import ValidationError
 from torch import Tensor
 from verl.trainer.ppo.core_algos import register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
+from klgrad.config import AlgoConfig, KLConfig
 from klgrad.kl import MAX_LOG_RATIO
 from klgrad.objective import ObjectiveSpec, objective_diagnostics, policy_objective
 
@@ -131,24 +133,27 @@ def spec_from_verl(config: Any, loss_agg_mode: str) -> ObjectiveSpec:
     low = config.get("clip_ratio_low", None)
     high = config.get("clip_ratio_high", None)
     kl_clip_eps = _setting(pl, "kl_clip_eps")
-    try:
-        return ObjectiveSpec(
-            kl_head=_setting(pl, "kl_head"),
+    try:  # verl names klgrad's KL options kl_<field>
+        kl = KLConfig(
+            head=_setting(pl, "kl_head"),
             beta=float(_setting(pl, "kl_beta")),
-            kl_level=_setting(pl, "kl_level"),
+            level=_setting(pl, "kl_level"),
             form="decoupled",
-            clip_eps_low=float(clip if low is None else low),
-            clip_eps_high=float(clip if high is None else high),
-            dual_clip=float(config.get("clip_ratio_c", 3.0)) if _setting(pl, "dual_clip") else None,
-            ratio_level=_setting(pl, "ratio_level"),
-            kl_clip_eps=None if kl_clip_eps is None else float(kl_clip_eps),
-            kl_ratio_level=_setting(pl, "kl_ratio_level"),
-            kl_is_correction=bool(_setting(pl, "kl_is_correction")),
-            aggregation=AGGREGATIONS[loss_agg_mode],
-            max_log_ratio=float(_setting(pl, "max_log_ratio")),
+            clip_eps=None if kl_clip_eps is None else float(kl_clip_eps),
+            ratio_level=_setting(pl, "kl_ratio_level"),
+            is_correction=bool(_setting(pl, "kl_is_correction")),
         )
-    except ValueError as e:
-        raise ValueError(f"actor.policy_loss (loss_mode 'klgrad'): {e}") from e
+    except ValidationError as e:
+        fields = sorted({f"kl_{err['loc'][0]}" for err in e.errors() if err["loc"]})
+        raise ValueError(f"actor.policy_loss (loss_mode 'klgrad') {', '.join(fields)}: {e}") from e
+    pg = AlgoConfig(
+        clip_eps_low=float(clip if low is None else low),
+        clip_eps_high=float(clip if high is None else high),
+        dual_clip=float(config.get("clip_ratio_c", 3.0)) if _setting(pl, "dual_clip") else None,
+        ratio_level=_setting(pl, "ratio_level"),
+        aggregation=AGGREGATIONS[loss_agg_mode],
+    )
+    return ObjectiveSpec(kl, pg, max_log_ratio=float(_setting(pl, "max_log_ratio")))
 
 
 def _normalisers(config: Any) -> dict[str, float | None]:

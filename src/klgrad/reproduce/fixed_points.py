@@ -18,7 +18,7 @@ ends: forward vs reverse KL"):
   π_f(y) = β·π_ref(y) / (λ - R(y)) with λ > max R fixed by Σ_y π_f(y) = 1;
 - no KL: maximise E_π[R]; k1_as_loss adds a zero expected gradient at ``sequence`` and ``token`` level.
 
-In-reward heads run in the combined form (A = R - β·C) where :class:`klgrad.objective.ObjectiveSpec` allows
+In-reward heads run in the combined form (A = R - β·C) where :class:`klgrad.config.KLConfig` allows
 it; at ``token``, where the combined form is refused (it is not a return), they run decoupled, which has the
 same expected gradient on-policy. Runs stop at ‖g‖₂ < ``tol`` or ``max_steps``. The checks of the result
 against the theory: :mod:`klgrad.reproduce.fixed_points_checks`; figure and verdict:

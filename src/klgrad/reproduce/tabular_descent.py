@@ -7,7 +7,7 @@ of every enumerated response is built from klgrad's functions for one (head, lev
   A = :func:`klgrad.objective.combined_advantages` = R - β·C;
 - decoupled: Σ_t policy_gradient_loss with A = R, plus β·:func:`klgrad.kl.kl_loss_per_sequence`.
 
-Which form a (head, level) runs in is asked of :class:`klgrad.objective.ObjectiveSpec` (docs/math.md, "How a head
+Which form a (head, level) runs in is asked of :class:`klgrad.config.KLConfig` (docs/math.md, "How a head
 joins the reward: form"). The optimiser divides the exact gradient g of state s's logits by the Fisher diagonal
 P(reach s)·π(v|s) (the softmax Fisher's pseudo-inverse applied to g, up to a per-state shift). The preconditioner
 is positive, so its fixed points are exactly the zeros of g; it only makes states the policy rarely reaches
@@ -25,8 +25,9 @@ import torch
 from torch import Tensor
 
 from klgrad.audit.tabular import TabularSpace, expected_gradient, state_log_reach
+from klgrad.config import KLConfig
 from klgrad.kl import KL_HEADS, kl_loss_per_sequence, masked_sum
-from klgrad.objective import ObjectiveSpec, combined_advantages, policy_gradient_loss
+from klgrad.objective import combined_advantages, policy_gradient_loss
 
 PerSequenceLoss = Callable[[Tensor, Tensor], Tensor]
 """(logp (N, T), sample_logp (N, T)) -> (N,): the loss of every response, to minimise."""
@@ -34,16 +35,16 @@ NO_CLIP = dict(clip_eps_low=0.999999, clip_eps_high=1e12)  # on-policy ρ ≡ 1:
 
 
 def method_form(head: str, level: str, beta: float) -> str:
-    """The form klgrad runs the head in: combined for in-reward heads where ObjectiveSpec allows it, else
-    decoupled. Raises ValueError where klgrad refuses both."""
+    """The form klgrad runs the head in: combined for in-reward heads where the KL record
+    (:class:`klgrad.config.KLConfig`) allows it, else decoupled. Raises ValueError where klgrad refuses both."""
     style = KL_HEADS[head].style
     if style == "in_reward":
         try:
-            ObjectiveSpec(kl_head=head, beta=beta, kl_level=level, form="combined")
+            KLConfig(head=head, beta=beta, level=level, form="combined")
             return "combined"
         except ValueError:
             pass
-    ObjectiveSpec(kl_head=head, beta=beta, kl_level=level, form="decoupled")
+    KLConfig(head=head, beta=beta, level=level, form="decoupled")
     return "decoupled"
 
 

@@ -48,7 +48,12 @@ class Rollout:
 
 
 class Sampler(Protocol):
-    """What the trainer needs from a rollout engine (a vLLM engine implements the same call)."""
+    """What the trainer calls on every rollout engine: :class:`~klgrad.rollout.samplers.KlgradSampler`,
+    :class:`~klgrad.rollout.samplers.HFGenerateSampler` and :class:`~klgrad.rollout.vllm_engine.VLLMSampler`.
+
+    Randomness comes from ``generator`` (or the engine's own RNG seeded from it). klgrad's own sampler also takes
+    ``uniforms=`` (P·G, max_new_tokens), the per-draw uniforms that make a run independent of how its batch is
+    split (:func:`klgrad.trainer.draws.rollout_uniforms`); that keyword is its own, not the protocol's."""
 
     def generate(
         self,
@@ -62,5 +67,11 @@ class Sampler(Protocol):
         top_p: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
-        uniforms: Tensor | None = None,
-    ) -> Rollout: ...
+    ) -> Rollout:
+        """P left-padded prompts -> P·G responses, groups contiguous, log-probs at ``temperature``."""
+        ...
+
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Make the engine sample from ``model``'s current weights; the trainer calls it after every update (a
+        no-op for an engine that samples from ``model`` itself)."""
+        ...

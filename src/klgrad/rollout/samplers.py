@@ -100,6 +100,9 @@ class KlgradSampler:
         self.eos_id, self.pad_id = eos_id, pad_id
         self.fast_forward = fast_forward
 
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Nothing: it samples from ``model`` itself (:class:`~klgrad.rollout.batch.Sampler`)."""
+
     def uses_fast_path(self, model: torch.nn.Module) -> bool:
         return self.fast_forward and unsupported_reason(model) is None
 
@@ -203,6 +206,9 @@ class HFGenerateSampler:
     def __init__(self, eos_id: int, pad_id: int) -> None:
         self.eos_id, self.pad_id = eos_id, pad_id
 
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """Nothing: ``generate`` runs ``model`` itself (:class:`~klgrad.rollout.batch.Sampler`)."""
+
     @torch.no_grad()
     def generate(
         self,
@@ -216,10 +222,7 @@ class HFGenerateSampler:
         top_p: float = 1.0,
         greedy: bool = False,
         generator: torch.Generator | None = None,
-        uniforms: Tensor | None = None,
     ) -> Rollout:
-        if uniforms is not None:
-            raise ValueError("rollout.engine 'hf' draws from transformers' own RNG and cannot take uniforms")
         if generator is not None:  # generate draws from the global RNG: seed it from ours
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
         ids = prompt_ids.repeat_interleave(group_size, dim=0)

@@ -24,7 +24,7 @@ from klgrad.models.dropout import disable_dropout
 from klgrad.models.factory import load_model_and_tokenizer
 from klgrad.models.lora import ADAPTER_FILE, apply_lora, load_adapter, save_adapter
 from klgrad.models.sources import reference_path
-from klgrad.trainer.faults import fault
+from klgrad.trainer.faults import NO_HOOKS, Hooks
 
 
 def sha256(path: Path) -> str:
@@ -46,10 +46,20 @@ def checkpoint_is_valid(path: Path) -> bool:
 
 
 def save_checkpoint(
-    run_dir: Path, step: int, policy, ref, optimizer, scheduler, beta: float, cfg: Config, save_ref: bool
+    run_dir: Path,
+    step: int,
+    policy,
+    ref,
+    optimizer,
+    scheduler,
+    beta: float,
+    cfg: Config,
+    save_ref: bool,
+    hooks: Hooks = NO_HOOKS,
 ) -> Path:
     """Write ``run_dir/checkpoints/step_{step}`` atomically and point ``latest`` at it; returns its path. A LoRA
-    run (``cfg.model.lora_rank`` > 0) writes the adapter (``adapter.safetensors``) instead of the whole policy."""
+    run (``cfg.model.lora_rank`` > 0) writes the adapter (``adapter.safetensors``) instead of the whole policy.
+    ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`)."""
     ckpt_root = run_dir / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
@@ -61,7 +71,7 @@ def save_checkpoint(
         save_adapter(policy, tmp / ADAPTER_FILE)
     else:
         save_model(policy, str(tmp / "policy.safetensors"))
-    fault("checkpoint_file", step)
+    hooks.at("checkpoint_file", step)
     if save_ref:
         save_model(ref, str(tmp / "ref.safetensors"))
     torch.save(
@@ -78,7 +88,7 @@ def save_checkpoint(
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    fault("checkpoint_rename", step)
+    hooks.at("checkpoint_rename", step)
     pointer = ckpt_root / "latest.tmp"
     pointer.write_text(final.name)
     pointer.replace(ckpt_root / "latest")

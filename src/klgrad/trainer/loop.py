@@ -22,6 +22,8 @@ the loss is scaled by W against DDP's gradient average, and only rank 0 writes (
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,6 @@ from klgrad.data.example import Example, examples_to_columns
 from klgrad.distributed import Dist, check_config
 from klgrad.kl import adaptive_beta
 from klgrad.models.sources import reference_path
-from klgrad.objective import ObjectiveSpec
 from klgrad.rewards import RewardResult, compute_rewards, merge_rewards
 from klgrad.rollout.batch import Rollout
 from klgrad.rollout.encoding import decode_responses, encode_prompts
@@ -45,7 +46,7 @@ from klgrad.threads import CpuShare
 from klgrad.trainer.checkpoints import save_checkpoint
 from klgrad.trainer.draws import draw_prompts, pad_responses, rollout_uniforms, step_generator
 from klgrad.trainer.evaluation import evaluate
-from klgrad.trainer.faults import fault
+from klgrad.trainer.faults import Hooks
 from klgrad.trainer.record import (
     StepBatch,
     StepClock,
@@ -58,6 +59,7 @@ from klgrad.trainer.record import (
 from klgrad.trainer.record import require_wandb as _require_wandb
 from klgrad.trainer.setup import (
     Run,
+    check_resume,
     kl_head,
     load_data,
     resolve_device,
@@ -67,8 +69,20 @@ from klgrad.trainer.setup import (
 from klgrad.trainer.update import Batch, UpdateStats, update
 
 
-def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_after: int | None = None) -> dict:
+def train(
+    cfg: Config,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    hooks: Hooks | None = None,
+) -> dict:
     """Run (or resume) RL training as configured; returns the summary dict (also written to summary.json).
+
+    A resume refuses a config that differs from the run's recorded one outside
+    :data:`~klgrad.trainer.setup.RESUMABLE` (:func:`~klgrad.trainer.setup.check_resume`), before anything is
+    loaded or written. ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`; default: from the
+    ``KLGRAD_KILL_AT`` / ``KLGRAD_NAN_AT`` variables, no-ops when unset).
 
     ``stop_after`` ends the process-level run after that many steps of this call (tests use it to simulate an
     interruption; the run directory is then resumable).
@@ -86,6 +100,8 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
         torch.set_num_threads(cfg.train.threads)
     dist = Dist.from_env(cfg.model.device)  # the accelerator's placement: the same rule as resolve_device
     check_config(cfg, dist.world)
+    if resume:
+        check_resume(cfg, Path(cfg.train.out_dir))
     data = load_data(cfg)  # fails before anything is written
     if cfg.train.wandb:
         _require_wandb()
@@ -94,7 +110,8 @@ def train(cfg: Config, *, resume: bool = False, progress: bool = True, stop_afte
     model_dir = reference_path(cfg)
     device = resolve_device(cfg.model.device, dist.world)
     with hold_run_dir(Path(cfg.train.out_dir), dist), shared_cpu(cfg.train.threads == "auto") as cpu:
-        run = setup_run(cfg, dist, data, specs, model_dir, device, resume)
+        hooks = Hooks.from_env(os.environ) if hooks is None else hooks
+        run = setup_run(cfg, dist, data, specs, model_dir, device, resume, hooks)
         summary = run_steps(run, progress, stop_after, cpu)
         dist.barrier()  # every rank has read what it returns before rank 0 lets another writer in
     return summary
@@ -203,22 +220,20 @@ def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
     clock.mark("reward")
     batch = with_reference_logprobs(run, rollout, prompt_len, rewards)
     clock.mark("ref")
-    spec = ObjectiveSpec.from_config(cfg, run.beta)
     stats = update(
         run.policy,
         run.optimizer,
         batch,
         cfg,
-        spec,
         run.logprob_fn,
         record_step=step + 1,
         dist=dist,
         train_model=run.train_model,
+        hooks=run.hooks,
     )
     for _ in range(run.updates_per_step):
         run.scheduler.step()
-    if hasattr(run.sampler, "sync_weights"):  # an engine holding its own copy of the weights (vLLM)
-        run.sampler.sync_weights(run.policy)
+    run.sampler.sync_weights(run.policy)  # an engine with its own copy of the weights (vLLM) reloads them
     clock.mark("update")
     whole_batch = StepBatch(
         rewards=torch.tensor(scored.total, dtype=torch.float32, device=run.device),
@@ -230,7 +245,7 @@ def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
         mismatch_weights=None if batch.mismatch_weights is None else dist.gather(batch.mismatch_weights),
     )
     lr = run.scheduler.get_last_lr()[0]
-    return step_record(step + 1, cfg, spec, whole_batch, stats, beta=run.beta, lr=lr, clock=clock), stats
+    return step_record(step + 1, cfg, whole_batch, stats, lr=lr, clock=clock), stats
 
 
 def sample_responses(run: Run, step: int, examples: list[Example], gen: torch.Generator):
@@ -263,7 +278,7 @@ def sample_responses(run: Run, step: int, examples: list[Example], gen: torch.Ge
     )
     run.policy.train()
     rollout = pad_responses(rollout, dist.max_int(rollout.response_ids.shape[1]), run.tokenizer.pad_token_id)
-    fault("rollout", step + 1)
+    run.hooks.at("rollout", step + 1)
     return rollout, prompt_ids.shape[1], examples[shard]
 
 
@@ -326,7 +341,7 @@ def with_reference_logprobs(run: Run, rollout: Rollout, prompt_len: int, rewards
 def evaluate_policy(run: Run) -> dict:
     """Held-out evaluation of the current policy (rank 0), in eval mode."""
     run.policy.eval()
-    cfg = run.cfg
+    cfg = run.configured  # J_β at the configured β, also under an adaptive β: one objective for every evaluation
     out = evaluate(run.policy, run.ref, run.tokenizer, run.eval_set, cfg, run.specs, run.sampler, seed=cfg.train.seed)
     run.policy.train()
     return out
@@ -336,8 +351,9 @@ def end_of_step(run: Run, step: int, record: dict) -> None:
     """After the update of record step ``step``: adapt β, reset the reference when due, evaluate when due,
     write the record, checkpoint when due."""
     cfg = run.cfg
-    if cfg.kl.target_kl is not None:
-        run.beta = adaptive_beta(run.beta, record["kl/k1"], cfg.kl.target_kl, cfg.kl.adapt_rate)
+    if cfg.kl.target_kl is not None:  # the β in force: the run's kl record replaced, never a second β
+        beta = adaptive_beta(cfg.kl.beta, record["kl/k1"], cfg.kl.target_kl, cfg.kl.adapt_rate)
+        run.cfg = dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, beta=beta))
     if cfg.kl.reset_ref_every and step % cfg.kl.reset_ref_every == 0:
         run.ref.load_state_dict(run.policy.state_dict())
     last = step == cfg.train.steps
@@ -345,7 +361,7 @@ def end_of_step(run: Run, step: int, record: dict) -> None:
         record.update(evaluate_policy(run))
     record.update(finite_or_none(record))
     run.record.write(record)
-    fault("log", step)
+    run.hooks.at("log", step)
     if step % cfg.train.save_every == 0 or last:
         checkpoint(run, step)
 
@@ -353,9 +369,18 @@ def end_of_step(run: Run, step: int, record: dict) -> None:
 def checkpoint(run: Run, step: int) -> Path:
     """Rank 0 writes (the weights and AdamW state are the same on every rank); every rank returns the path."""
     if run.dist.is_main:
-        save_ref = run.cfg.kl.reset_ref_every is not None
+        cfg = run.cfg
         path = save_checkpoint(
-            run.run_dir, step, run.policy, run.ref, run.optimizer, run.scheduler, run.beta, run.cfg, save_ref
+            run.run_dir,
+            step,
+            run.policy,
+            run.ref,
+            run.optimizer,
+            run.scheduler,
+            cfg.kl.beta,  # the β in force (an adaptive β resumes from it)
+            run.configured,
+            save_ref=cfg.kl.reset_ref_every is not None,
+            hooks=run.hooks,
         )
     else:
         path = run.run_dir / "checkpoints" / f"step_{step:06d}"

@@ -26,6 +26,7 @@ from klgrad.objective import ObjectiveSpec, objective_diagnostics
 from klgrad.plotting import pyplot, save
 from klgrad.rewards import RewardResult, accuracy_reward_name
 from klgrad.trainer.update import UpdateStats
+from klgrad.version import __version__
 
 
 @dataclass
@@ -71,19 +72,19 @@ class StepBatch:
 def step_record(
     step: int,
     cfg: Config,
-    spec: ObjectiveSpec,
     batch: StepBatch,
     stats: UpdateStats,
     *,
-    beta: float,
     lr: float,
     clock: StepClock,
 ) -> dict:
     """The metrics of one step (docs/metrics.md): rewards, sequence KL estimates of the pre-update policy from
-    the sampler's log-probs, lengths, the update's statistics, β, learning rate and timings."""
+    the sampler's log-probs, lengths, the update's statistics, the β the loss used (``cfg.kl.beta``, the β in
+    force), learning rate and timings."""
     g = cfg.rollout.group_size
     rewards, mask = batch.rewards, batch.mask
-    kl = objective_diagnostics(batch.sampler_logp, batch.ref_logp, mask, torch.zeros_like(batch.ref_logp), spec)
+    zeros, spec = torch.zeros_like(batch.ref_logp), ObjectiveSpec(cfg.kl, cfg.algo)
+    kl = objective_diagnostics(batch.sampler_logp, batch.ref_logp, mask, zeros, spec)
     _, shaping = shape_rewards(rewards, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max, return_stats=True)
     n_tok = int(mask.sum())
     record = {
@@ -109,7 +110,7 @@ def step_record(
         "ratio/max": stats.ratio_max,
         "grad_norm": stats.grad_norm,
         "skipped_updates": stats.skipped_updates,
-        "beta": beta,
+        "beta": cfg.kl.beta,
         "lr": lr,
         **clock.durations(),
         "time/step": time.perf_counter() - clock.start,
@@ -192,7 +193,7 @@ def write_run_files(cfg: Config, run_dir: Path, model_dir: Path, num_processes: 
             {
                 "git_revision": git_revision(),
                 "model": str(model_dir),
-                "klgrad": __import__("klgrad").__version__,
+                "klgrad": __version__,
                 "num_processes": num_processes,
             },
             indent=1,

@@ -6,13 +6,14 @@ Nothing here writes into the run directory except :func:`setup_run` (which runs 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from klgrad.config import Config, ConfigError
+from klgrad.config import Config, ConfigError, load_config, to_dict
 from klgrad.data.example import Example
 from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
@@ -26,6 +27,7 @@ from klgrad.rollout.encoding import uses_chat
 from klgrad.rollout.samplers import make_sampler
 from klgrad.schedule import lr_factor
 from klgrad.trainer.checkpoints import latest_checkpoint, load_checkpoint
+from klgrad.trainer.faults import Hooks
 from klgrad.trainer.record import RunRecord, read_jsonl, write_run_files
 from klgrad.trainer.update import LogprobFn, PolicyLogprobs, make_logprob_fn
 
@@ -85,6 +87,10 @@ class Run:
     """Everything a run holds between steps."""
 
     cfg: Config
+    """The config in force: :attr:`configured`, whose ``kl`` record an adaptive β (``kl.target_kl``) replaces by
+    one with the β in force after every step (the loss reads its β there: :func:`~klgrad.trainer.update.update`)."""
+    configured: Config
+    """The config as given and recorded in config.yaml (evaluation's J_β is at its β)."""
     dist: Dist
     run_dir: Path
     policy: torch.nn.Module
@@ -107,10 +113,10 @@ class Run:
     specs: list[RewardSpec]
     device: torch.device
     record: RunRecord
-    beta: float
-    """The current KL weight (changes under an adaptive β, ``kl.target_kl``)."""
     start: int
     """Steps done before this call (a resumed run's checkpoint step)."""
+    hooks: Hooks
+    """The fault-injection seam (:mod:`klgrad.trainer.faults`): no-ops unless a test installs callbacks."""
 
     @property
     def updates_per_step(self) -> int:
@@ -163,15 +169,80 @@ def make_optimizer(cfg: Config, policy: torch.nn.Module):
     return optimizer, scheduler
 
 
-def resume_or_create(run_dir: Path, dist: Dist, resume: bool, policy, ref, optimizer, scheduler, beta: float):
-    """(start step, β): a resumed run's last valid checkpoint loaded on every rank (rank 0 repairs the pointer
-    and drops metrics of steps after it), or a new run directory (refused when it already holds a run)."""
+RESUMABLE: tuple[str, ...] = (
+    "train.steps",
+    "train.eval_every",
+    "train.save_every",
+    "train.tensorboard",
+    "train.wandb",
+    "train.threads",
+    "train.max_skipped_steps",
+    "train.out_dir",
+    "model.device",
+)
+"""The fields ``--resume`` may change (docs/reliability.md, "What a resume may change"): how long the run goes on
+(its learning-rate schedule follows ``train.steps``), how often it evaluates and saves, where its records go and
+where it computes. The new values apply from the resumed step on and config.yaml records them; any other field is
+refused."""
+
+
+def changed_fields(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted fields whose values differ between two nested config dicts."""
+    out: list[str] = []
+    for key in dict.fromkeys([*old, *new]):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_fields(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
+def dotted_value(data: dict, dotted: str) -> object:
+    """``data["kl"]["beta"]`` for ``"kl.beta"``."""
+    return functools.reduce(lambda node, key: node[key], dotted.split("."), data)
+
+
+def check_resume(cfg: Config, run_dir: Path) -> None:
+    """Refuse to resume the run in ``run_dir`` with a config that differs from its recorded config.yaml in a field
+    outside :data:`RESUMABLE`: a :class:`ConfigError` naming each such field (``klgrad train`` exits 2)."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        return
+    old, new = to_dict(load_config(saved)), to_dict(cfg)  # loaded: a field added since takes its default
+    refused = [f for f in changed_fields(old, new) if f not in RESUMABLE]
+    if refused:
+        raise ConfigError(
+            "\n".join(
+                f"{f} cannot change on --resume: the run in {run_dir} was made with {dotted_value(old, f)!r}, asked "
+                f"{dotted_value(new, f)!r} (a run's steps keep one config; start a new run for another; "
+                "docs/reliability.md)"
+                for f in refused
+            )
+        )
+
+
+def follow_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """Set the learning rates to the schedule's at the scheduler's update count, under this config's
+    ``train.steps``: a resumed run that extends its steps goes on along its new schedule (same steps: the same
+    values). ``step()`` recomputes ``base_lr · factor(count)`` after one step back."""
+    scheduler.last_epoch -= 1
+    scheduler.step()
+
+
+def resume_or_create(
+    run_dir: Path, dist: Dist, resume: bool, policy, ref, optimizer, scheduler
+) -> tuple[int, float | None]:
+    """(start step, the checkpoint's β or None): a resumed run's last valid checkpoint loaded on every rank (rank 0
+    repairs the pointer and drops metrics of steps after it), or a new run directory (refused when it already
+    holds a run)."""
     metrics_path = run_dir / "metrics.jsonl"
-    start = 0
     if resume:
         ckpt = latest_checkpoint(run_dir)
+        start, beta = 0, None
         if ckpt is not None:
             start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)  # a LoRA run: adapter only
+            follow_schedule(scheduler)
         dist.barrier()  # every rank has read the checkpoint before rank 0 writes anything
         if dist.is_main:
             if ckpt is not None:
@@ -185,7 +256,7 @@ def resume_or_create(run_dir: Path, dist: Dist, resume: bool, policy, ref, optim
     dist.barrier()  # every rank has checked before rank 0 creates the run
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    return start, beta
+    return 0, None
 
 
 def setup_run(
@@ -196,14 +267,16 @@ def setup_run(
     model_dir: Path,
     device: torch.device,
     resume: bool,
+    hooks: Hooks,
 ) -> Run:
     """Load the models, build the sampler and optimizer, resume or create the run directory, write the run's
-    files and open its record. Called under the run directory's lock."""
+    files and open its record. Called under the run directory's lock. A resumed adaptive-β run goes on with its
+    checkpoint's β (the ``kl`` record replaced)."""
     run_dir = Path(cfg.train.out_dir)
     policy, ref, tokenizer = load_policy_and_reference(cfg, model_dir, device)
     sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **sampler_options(cfg))
     optimizer, scheduler = make_optimizer(cfg, policy)
-    start, beta = resume_or_create(run_dir, dist, resume, policy, ref, optimizer, scheduler, cfg.kl.beta)
+    start, beta = resume_or_create(run_dir, dist, resume, policy, ref, optimizer, scheduler)
     # the training forward goes through the prepared (DDP) log-prob module; rollout, reference and evaluation
     # use the plain model
     logprob_fn = make_logprob_fn(
@@ -212,8 +285,12 @@ def setup_run(
     train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn), optimizer)
     if dist.is_main:
         write_run_files(cfg, run_dir, model_dir, dist.world)
+    in_force = cfg  # a resumed adaptive β goes on from its checkpoint's value (check_resume keeps kl.beta)
+    if beta is not None and beta != cfg.kl.beta:
+        in_force = dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, beta=beta))
     return Run(
-        cfg=cfg,
+        cfg=in_force,
+        configured=cfg,
         dist=dist,
         run_dir=run_dir,
         policy=policy,
@@ -230,6 +307,6 @@ def setup_run(
         specs=specs,
         device=device,
         record=RunRecord(cfg, run_dir, active=dist.is_main),
-        beta=beta,
         start=start,
+        hooks=hooks,
     )

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from klgrad.config import Config
 from klgrad.distributed import Dist
-from klgrad.kl import get_kl_head
 from klgrad.logprobs import sequence_logprobs
 from klgrad.objective import (
     ObjectiveSpec,
@@ -28,7 +27,7 @@ from klgrad.objective import (
     objective_diagnostics,
     policy_objective,
 )
-from klgrad.trainer.faults import fault, nan_injected
+from klgrad.trainer.faults import NO_HOOKS, Hooks
 
 LogprobFn = Callable[[torch.nn.Module, Tensor, Tensor, int, bool], tuple[Tensor, Tensor | None]]
 """``fn(model, input_ids, attention_mask, response_start, with_entropy) -> (logp, entropy)``, (n, T) each."""
@@ -141,26 +140,26 @@ def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
 
 def step_advantages(batch: Batch, cur_logp: Tensor | None, cfg: Config, spec: ObjectiveSpec, dist: Dist) -> Tensor:
     """(n, T) advantages of this rank's rows, from the whole step's batch (batch-level shaping and the combined
-    form's statistics are global; each rank gathers the batch and keeps its rows)."""
+    form's statistics are global; each rank gathers the batch and keeps its rows). The KL term and the shaping
+    are ``spec``'s records; ``cfg`` gives only the group size."""
     rewards, mask = dist.gather(batch.rewards), dist.gather(batch.mask)  # (N,), (N, T)
-    if spec.form == "combined":
+    kl, pg, g = spec.kl, spec.pg, cfg.rollout.group_size
+    if kl.form == "combined":
         adv = combined_advantages(
             rewards,
-            get_kl_head(cfg.kl.head),
+            spec.head,
             dist.gather(cur_logp),
             dist.gather(batch.ref_logp),
             mask,
-            beta=spec.beta,
-            level=cfg.kl.level,
-            group_size=cfg.rollout.group_size,
-            method=cfg.algo.shaping,
-            std_min=cfg.algo.std_min,
-            std_max=cfg.algo.std_max,
+            beta=kl.beta,
+            level=kl.level,
+            group_size=g,
+            method=pg.shaping,
+            std_min=pg.std_min,
+            std_max=pg.std_max,
         )  # (N, T) recomputed every epoch from the current policy
     else:
-        adv = decoupled_advantages(
-            rewards, mask, cfg.rollout.group_size, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max
-        )  # (N, T)
+        adv = decoupled_advantages(rewards, mask, g, pg.shaping, pg.std_min, pg.std_max)  # (N, T)
     return dist.local_rows(adv)  # (n, T)
 
 
@@ -184,7 +183,7 @@ def accumulate_micro_batch(
     """Forward and backward of micro-batch ``rows`` (m,) with the global normalisers; gradients accumulate in
     the parameters, the micro-batch's shares of the statistics in ``totals``. Returns whether its loss is
     finite and its largest importance ratio. ``scale``: the world size W (DDP averages gradients over ranks);
-    ``nan``: the fault hook's NaN."""
+    ``nan``: make the loss NaN (:attr:`klgrad.trainer.faults.Hooks.nan`)."""
     logp, entropy = train_model(batch.input_ids[rows], batch.attention_mask[rows], batch.response_start, True)
     mask = batch.mask[rows]
     old_logp = _rows(batch.old_logp, rows)
@@ -219,13 +218,15 @@ def update(
     optimizer: torch.optim.Optimizer,
     batch: Batch,
     cfg: Config,
-    spec: ObjectiveSpec,
     logprob_fn: LogprobFn,
     record_step: int = 0,
     dist: Dist = SINGLE,
     train_model: torch.nn.Module | None = None,
+    hooks: Hooks = NO_HOOKS,
 ) -> UpdateStats:
-    """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns the mean statistics.
+    """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns the mean statistics. The loss
+    is the one ``cfg``'s records describe: ``ObjectiveSpec(cfg.kl, cfg.algo)`` (its β: ``cfg.kl.beta``, the β in
+    force).
 
     A non-finite loss or gradient norm (on any rank) skips that optimizer step: gradients are dropped, weights
     and AdamW state stay untouched, and ``skipped_updates`` counts it.
@@ -234,7 +235,9 @@ def update(
     differentiated through (DDP-wrapped under accelerate; default: of ``policy``). Normalisers are the global
     mini-batch's, and the loss is scaled by the world size W because DDP averages gradients over ranks: the
     summed gradient equals the single-process one. Statistics are summed over ranks (grad norm: already global).
+    ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`; default: none).
     """
+    spec = ObjectiveSpec(cfg.kl, cfg.algo)  # the config's own records, handed to the loss as they are
     train_model = PolicyLogprobs(policy, logprob_fn) if train_model is None else train_model
     n = batch.mask.shape[0]
     mini_batches = mini_batch_rows(n, cfg.rollout.group_size, cfg.algo.mini_batches)
@@ -243,10 +246,10 @@ def update(
     size = cfg.algo.micro_batch_size
     totals = UpdateStats()
     updates = 0
-    inject_nan = nan_injected(record_step)
+    inject_nan = hooks.nan(record_step)
     for _epoch in range(cfg.algo.ppo_epochs):
         cur_logp = None
-        if spec.form == "combined":  # the KL coefficient uses the current policy: recomputed every epoch
+        if spec.kl.form == "combined":  # the KL coefficient uses the current policy: recomputed every epoch
             with torch.no_grad():
                 cur_logp, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
         adv = step_advantages(batch, cur_logp, cfg, spec, dist)  # (n, T)
@@ -280,7 +283,7 @@ def update(
                 continue
             optimizer.step()
             if updates == 1:
-                fault("update", record_step)
+                hooks.at("update", record_step)
     shared = dist.sum([getattr(totals, name) for name in SHARED_STATS])  # each rank holds its share
     totals = dataclasses.replace(totals, **dict(zip(SHARED_STATS, shared, strict=True)))
     means = {name: getattr(totals, name) / updates for name in (*SHARED_STATS, "ratio_max", "grad_norm")}
