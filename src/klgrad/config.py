@@ -315,6 +315,12 @@ class TrainConfig:
     a finer estimate on a small held-out set)."""
     save_every: int = 50
     """Checkpoint period (steps); the last step is always saved."""
+    keep_checkpoints: int | None = None
+    """Keep only the newest N checkpoints (older ones are deleted once a newer one is complete); null = keep all."""
+    stop_when: str | None = None
+    """Stop before ``steps`` on a stated criterion, 'METRIC OP VALUE [for K]' (OP: <, <=, >, >=), e.g.
+    'eval/greedy_accuracy >= 0.9' or 'kl/k1 > 5 for 3': the first step where it held in the last K records logging
+    METRIC is evaluated, checkpointed and recorded in summary.json ('stopped'); null = run all steps."""
     out_dir: str = "runs/train"
     """Run directory (metrics, curves, checkpoints, resolved config)."""
     tensorboard: bool = True
@@ -342,6 +348,16 @@ class TrainConfig:
         report.require(self.steps >= 1, "steps", "must be >= 1")
         report.require(self.eval_every >= 0, "eval_every", "must be >= 0")
         report.require(self.save_every >= 1, "save_every", "must be >= 1")
+        report.require(
+            self.keep_checkpoints is None or self.keep_checkpoints >= 1, "keep_checkpoints", "must be >= 1 or null"
+        )
+        if self.stop_when is not None:
+            from klgrad.stopping import parse_stop_rule
+
+            try:
+                parse_stop_rule(self.stop_when)
+            except ValueError as e:
+                report.require(False, "stop_when", str(e))
         report.require(self.eval_samples >= 1, "eval_samples", "must be >= 1")
         report.require(self.max_skipped_steps >= 1, "max_skipped_steps", "must be >= 1")
         ok = self.threads is None or self.threads == "auto" or self.threads >= 1
