@@ -51,10 +51,10 @@ def parse_stop_rule(text: str) -> StopRule:
     try:
         v = float(value)
     except ValueError:
-        raise ValueError(f"{text!r}: {value!r} is not a number") from None
+        raise ValueError(f"{text!r}: VALUE of METRIC OP VALUE, {value!r}, is not a number") from None
     k = int(times) if times else 1
     if k < 1:
-        raise ValueError(f"{text!r}: 'for K' needs K >= 1")
+        raise ValueError(f"{text!r}: 'for K' in METRIC OP VALUE [for K] needs K >= 1")
     return StopRule(metric, op, v, k)
 
 
