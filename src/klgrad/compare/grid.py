@@ -293,6 +293,15 @@ def ensure_run(
     return final
 
 
+def extendable(run_dir: Path, steps: int) -> bool:
+    """False only for a run whose final.json is of fewer than ``steps`` steps (not stopped by its criterion) and
+    that has no checkpoint left to resume from."""
+    if not (run_dir / "final.json").is_file():
+        return True
+    done, stopped = run_steps_done(run_dir)
+    return done >= steps or stopped or latest_checkpoint(run_dir) is not None
+
+
 def run_name(method: str, beta: float, seed: int) -> str:
     return f"{method}-beta{beta:g}-seed{seed}"
 
@@ -436,10 +445,11 @@ def run_compare(
     (seeds of one grid on several machines, merged by :func:`klgrad.compare.merge.merge_grids`); the summary
     covers every finished run of the design in ``out_dir``.
 
-    Runs checkpoint every max(1, steps // 10) steps and keep only the newest checkpoint
-    (``train.keep_checkpoints`` 1), so an interrupted run resumes mid-way; a larger ``steps`` than a finished
-    grid's extends every run (:func:`ensure_run`); ``train.stop_when`` (a dotted override) stops a run on a stated
-    criterion. ``final_hooks`` run on each finished run before its weights are deleted.
+    Runs checkpoint every max(1, steps // 10) steps (evaluate every max(1, steps // 3)) and keep only the newest
+    checkpoint (``train.keep_checkpoints`` 1), so an interrupted run resumes mid-way; a larger ``steps`` than a
+    finished grid's extends every run (:func:`ensure_run`; only ``train.steps`` changes: both periods stay those
+    of the grid's first ``steps``, recorded as ``cadence_steps``); ``train.stop_when`` (a dotted override) stops
+    a run on a stated criterion. ``final_hooks`` run on each finished run before its weights are deleted.
 
     Holds ``out_dir``'s lock (:mod:`klgrad.runlock`) from after the configs validate to the end, so a second
     compare into the same folder fails at once with :class:`~klgrad.runlock.RunLockedError`; each run then takes
@@ -454,10 +464,11 @@ def run_compare(
     if not set(run_seeds) <= set(range(seeds)):
         raise ValueError(f"only_seeds {run_seeds} are not all among the grid's seeds 0..{seeds - 1}")
     grid = [(m, b, s) for b in betas for m in methods for s in run_seeds]
+    cadence = (read_grid(out_dir) or {}).get("cadence_steps", steps)  # the first session's steps
     base = {
         "train.steps": steps,
-        "train.eval_every": max(1, steps // 3),
-        "train.save_every": max(1, steps // 10),
+        "train.eval_every": max(1, cadence // 3),
+        "train.save_every": max(1, cadence // 10),
         "train.keep_checkpoints": 1,
         "train.tensorboard": False,
         **(extra_overrides or {}),
@@ -469,6 +480,12 @@ def run_compare(
             config, {**base, **method_overrides(m, level, b), "train.seed": s, "train.out_dir": str(run_dir)}
         )
     sampling_temperature(list(cfgs.values()))  # one temperature, or refused before anything is written
+    stuck = [str(c.train.out_dir) for c in cfgs.values() if not extendable(Path(c.train.out_dir), steps)]
+    if stuck:
+        raise ValueError(
+            f"cannot extend to {steps} steps: {', '.join(stuck)} finished earlier and has no checkpoint left "
+            "(--no-checkpoints); rerun those runs or keep checkpoints"
+        )
     revision = revision or source_revision()
     pinned = check_pinned(revision, allow_dirty)
     machine = machine_record()
@@ -483,6 +500,7 @@ def run_compare(
         "betas": list(betas),
         "level": level,
         "steps": steps,
+        "cadence_steps": cadence,
         "overrides": dict(extra_overrides or {}),
         "margin": margin,
         "exact_prompts": exact_prompts,
@@ -493,6 +511,7 @@ def run_compare(
     new = json.loads(json.dumps(new))  # as grid.json will hold it (tuples as lists), so records compare equal
     with run_lock(out_dir):  # one writer per output folder (creates it)
         old = read_grid(out_dir)
+        new["machine"] = machine  # this session's; every session's is in "sessions"
         new["session"] = {
             "at": new["created"],
             "machine": machine,

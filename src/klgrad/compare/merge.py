@@ -18,7 +18,6 @@ from klgrad.compare.design import (
     FIXED_FIELDS,
     GRID_FILE,
     GridMismatchError,
-    check_revision,
     now,
     read_grid,
     write_json,
@@ -33,7 +32,11 @@ def check_mergeable(records: list[tuple[Path, dict]]) -> None:
     """Raise :class:`GridMismatchError` unless every record has the first one's revision, design and steps."""
     (first_dir, first), *rest = records
     for d, r in rest:
-        check_revision(first, r, str(d))
+        a, b = first["revision"]["revision"], r["revision"]["revision"]
+        if a != b:
+            raise GridMismatchError(
+                f"{first_dir} was run at revision {a}, {d} at revision {b}: seeds of one grid must share one revision"
+            )
         for k in (*FIXED_FIELDS, "steps"):
             if first.get(k) != r.get(k):
                 raise GridMismatchError(f"{d} records {k} = {r.get(k)!r}; {first_dir} records {first.get(k)!r}")
