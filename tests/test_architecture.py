@@ -11,7 +11,7 @@ import klgrad
 SRC = Path(klgrad.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("choices", "machine", "option_rules", "fmt", "plotting", "runlock", "threads"),
+    ("choices", "machine", "option_rules", "fmt", "plotting", "runlock", "stopping", "threads"),
     ("import_path", "config", "schedule", "advantages"),
     ("kl", "data", "models", "distributed"),
     ("rewards", "logprobs", "rollout", "exact", "objective"),

@@ -276,9 +276,11 @@ def ensure_run(
             )
         done.rename(run_dir / f"final.step{before}.json")
     if not finished:
+        ckpt = latest_checkpoint(run_dir)
+        start = 0 if ckpt is None else int(ckpt.name.removeprefix("step_"))  # where training resumes
         train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
         after, _ = run_steps_done(run_dir)
-        append_provenance(run_dir, {**provenance, "from_step": before, "to_step": after, "at": now()})
+        append_provenance(run_dir, {**provenance, "from_step": start, "to_step": after, "at": now()})
     final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
     for name, hook in hooks.items():  # downstream evaluations: the weights are still there
         final[name] = hook(cfg, run_dir)

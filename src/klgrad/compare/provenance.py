@@ -52,10 +52,18 @@ def _git(cwd: Path, *args: str) -> str:
 
 
 def package_source() -> Path:
-    """The folder of the klgrad package this process imported (``.../src/klgrad``)."""
-    import klgrad
+    """The folder of the klgrad package this process imported (``.../src/klgrad``): this module's grandparent."""
+    return Path(__file__).resolve().parent.parent
 
-    return Path(klgrad.__file__).resolve().parent
+
+def package_version() -> str:
+    """The installed klgrad distribution's version, or "unknown"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("klgrad")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def revision_name(commit: str, changes: bytes) -> str:
@@ -79,9 +87,7 @@ def source_revision(source: Path | None = None) -> Revision:
         ).stdout
         untracked = _git(source, "ls-files", "--others", "--exclude-standard", "--full-name", "--", ".")
     except (OSError, subprocess.SubprocessError):
-        from klgrad import __version__
-
-        return Revision(f"klgrad-{__version__}", None, False, str(source))
+        return Revision(f"klgrad-{package_version()}", None, False, str(source))
     top = Path(_git(source, "rev-parse", "--show-toplevel"))
     changes = diff
     for name in sorted(n for n in untracked.splitlines() if n):
