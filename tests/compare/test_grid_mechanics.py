@@ -5,6 +5,7 @@ training; tests/compare/test_grid_runs.py trains tiny grids for extension, mid-r
 from __future__ import annotations
 
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from klgrad.compare.provenance import (
     pin_worktree,
     pinned_command,
     revision_name,
+    same_code,
     source_revision,
     strip_pin_args,
 )
@@ -77,7 +79,34 @@ def test_revision_names_the_commit_and_hashes_uncommitted_changes(repo):
     assert source_revision(src) == clean  # ignored files are not code
     (src / "new.py").write_text("Y = 1\n")  # untracked under the package: importable, so dirty
     assert source_revision(src).dirty
+    assert source_revision(src).content != clean.content  # the package's files changed
     assert revision_name(sha, b"") == sha
+    (src / "new.py").unlink()
+    (repo / "README").write_text("docs only\n")
+    git(repo, "add", "README")
+    docs_only = source_revision(src)
+    assert docs_only.dirty
+    assert docs_only.content == clean.content  # dirty, but the package's own files are the commit's
+    assert same_code(docs_only.as_dict(), clean.as_dict())
+
+
+def test_a_copy_without_git_runs_the_same_code_as_its_commit(repo, tmp_path):
+    src = repo / "src" / "klgrad"
+    copy = tmp_path / "copy" / "klgrad"
+    shutil.copytree(src, copy)  # what a machine gets when the tree is copied without .git
+    there = source_revision(copy)
+    assert there.name.startswith("klgrad-")
+    assert there.commit is None
+    here = source_revision(src)
+    assert same_code(there.as_dict(), here.as_dict())
+    old = settle_design(None, record(here.name) | {"revision": here.as_dict()}, has_runs=False)
+    assert settle_design(old, record() | {"revision": there.as_dict()}, has_runs=True)["revision"] == here.as_dict()
+    (copy / "__init__.py").write_text("X = 2\n")
+    edited = source_revision(copy)
+    assert edited.name == there.name  # both git-less copies: one name...
+    assert not same_code(edited.as_dict(), there.as_dict())  # ...but not the same code
+    with pytest.raises(GridMismatchError, match="Runs of one grid must share one revision"):
+        settle_design(old, record() | {"revision": source_revision(copy).as_dict()}, has_runs=True)
 
 
 def test_outside_git_the_revision_is_the_version(tmp_path):

@@ -135,6 +135,7 @@ def test_seeds_run_apart_merge_into_one_summary_and_another_revision_is_refused(
     shutil.copytree(tmp_path / "b", tmp_path / "c")
     record = json.loads((tmp_path / "c" / "grid.json").read_text())
     record["revision"]["revision"] = record["revision"]["commit"] = "0" * 40
+    record["revision"]["content"] = "1" * 64  # other code, not only another name
     (tmp_path / "c" / "grid.json").write_text(json.dumps(record))
     with pytest.raises(GridMismatchError, match=f"/a was run at revision .*/c at revision {'0' * 40}"):
         merge_grids([tmp_path / "a", tmp_path / "c"], tmp_path / "m2")

@@ -20,6 +20,8 @@ import os
 from datetime import UTC, datetime
 from pathlib import Path
 
+from klgrad.compare.provenance import same_code
+
 GRID_FILE = "grid.json"
 FIXED_FIELDS = (
     "config",
@@ -78,9 +80,10 @@ def revision_hint(recorded: dict) -> str:
 
 
 def check_revision(old: dict, new: dict, what: str) -> None:
-    """Raise :class:`GridMismatchError` unless the two records' revisions are equal."""
+    """Raise :class:`GridMismatchError` unless the two records run the same code
+    (:func:`~klgrad.compare.provenance.same_code`: the same revision, or the same package content)."""
     a, b = old["revision"]["revision"], new["revision"]["revision"]
-    if a != b:
+    if not same_code(old["revision"], new["revision"]):
         raise GridMismatchError(
             f"{what} was run at revision {a}; this klgrad ({new['revision']['source']}) is {b}. Runs of one grid "
             f"must share one revision: {revision_hint(old['revision'])}"
@@ -112,6 +115,7 @@ def settle_design(old: dict | None, new: dict, has_runs: bool, where: str = "the
     methods = list(old["methods"]) + [m for m in new["methods"] if m not in old["methods"]]
     return {
         **new,
+        "revision": old["revision"],  # the grid's; each session's own is in "sessions"
         "methods": methods,
         "seeds": max(old["seeds"], new["seeds"]),
         "created": old.get("created", new["created"]),

@@ -1,7 +1,8 @@
 """``klgrad compare --merge DIR [DIR ...] --out OUT``: seeds of one grid run on several machines, into one grid.
 
 Each input is a grid folder (``grid.json`` and ``runs/``), typically the same design run with disjoint
-``--only-seeds`` on different machines. Merging requires one revision and one design (every field of
+``--only-seeds`` on different machines. Merging requires one revision (the same name or the same package
+content, :func:`klgrad.compare.provenance.same_code`) and one design (every field of
 :data:`klgrad.compare.design.FIXED_FIELDS`, and the same ``steps``), copies each finished run (its final.json
 present) into ``OUT/runs`` without its checkpoints, and writes OUT's grid.json (the design, the union of methods
 and seeds, every input's sessions and a ``merged_from`` list naming each input and the machines its runs were
@@ -22,6 +23,7 @@ from klgrad.compare.design import (
     read_grid,
     write_json,
 )
+from klgrad.compare.provenance import same_code
 from klgrad.runlock import run_lock
 
 COPY_IGNORE = shutil.ignore_patterns("checkpoints", "tb", ".klgrad.lock", ".*.tmp")
@@ -33,7 +35,7 @@ def check_mergeable(records: list[tuple[Path, dict]]) -> None:
     (first_dir, first), *rest = records
     for d, r in rest:
         a, b = first["revision"]["revision"], r["revision"]["revision"]
-        if a != b:
+        if not same_code(first["revision"], r["revision"]):
             raise GridMismatchError(
                 f"{first_dir} was run at revision {a}, {d} at revision {b}: seeds of one grid must share one revision"
             )

@@ -4,7 +4,9 @@ A grid that runs for hours or across sessions must not mix code versions. :func:
 klgrad code actually imported (the git checkout holding the package's source folder, not the current folder):
 ``<40-hex commit>`` for a clean tree, ``<commit>-dirty-<12 hex>`` for a tree with changes, the hex a sha256 of
 the changes themselves (``git diff HEAD`` and the untracked files under the package), so two different sets of
-edits on one commit never read as the same revision. Outside git: ``klgrad-<version>`` (an installed wheel).
+edits on one commit never read as the same revision. Outside git: ``klgrad-<version>`` (an installed wheel, or a
+copy of the tree without ``.git``). Beside the name, ``content`` hashes the package's files themselves; two
+records run the same code when their names or their contents agree (:func:`same_code`).
 
 :func:`pin_worktree` makes (or reuses) a detached git worktree of one commit under a cache folder, and
 :func:`pinned_command` the command that re-executes ``python -m klgrad compare`` from it, so code work in the
@@ -39,9 +41,37 @@ class Revision:
     dirty: bool
     source: str
     """The package's source folder that was inspected."""
+    content: str | None = None
+    """sha256 of the package's files (:func:`content_hash`): the same code has the same content whether or not
+    its copy is a git checkout (a machine given a copy of the tree without ``.git``)."""
 
     def as_dict(self) -> dict:
-        return {"revision": self.name, "commit": self.commit, "dirty": self.dirty, "source": self.source}
+        return {
+            "revision": self.name,
+            "commit": self.commit,
+            "dirty": self.dirty,
+            "source": self.source,
+            "content": self.content,
+        }
+
+
+def same_code(a: dict, b: dict) -> bool:
+    """Two recorded revisions (:meth:`Revision.as_dict`) run the same code: the same package content when both
+    record it (so a git-less copy of a commit, or a tree whose changes lie outside the package, is the same code,
+    and two different git-less copies are not), else the same name."""
+    if a.get("content") and b.get("content"):
+        return a["content"] == b["content"]
+    return a["revision"] == b["revision"]
+
+
+def content_hash(source: Path) -> str:
+    """sha256 over the package folder's files, sorted by relative path: ``path NUL bytes NUL`` each; compiled
+    files (``__pycache__``, ``*.pyc``) left out."""
+    h = hashlib.sha256()
+    files = sorted(p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+    for path in files:
+        h.update(path.relative_to(source).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -80,6 +110,7 @@ def source_revision(source: Path | None = None) -> Revision:
     --dirty``) or there are untracked, not ignored files under ``source`` (a new module could be imported); the
     hash covers the diff and those files' names and bytes."""
     source = (source or package_source()).resolve()
+    content = content_hash(source)
     try:
         commit = _git(source, "rev-parse", "HEAD")
         diff = subprocess.run(
@@ -87,12 +118,12 @@ def source_revision(source: Path | None = None) -> Revision:
         ).stdout
         untracked = _git(source, "ls-files", "--others", "--exclude-standard", "--full-name", "--", ".")
     except (OSError, subprocess.SubprocessError):
-        return Revision(f"klgrad-{package_version()}", None, False, str(source))
+        return Revision(f"klgrad-{package_version()}", None, False, str(source), content)
     top = Path(_git(source, "rev-parse", "--show-toplevel"))
     changes = diff
     for name in sorted(n for n in untracked.splitlines() if n):
         changes += b"\0untracked\0" + name.encode() + b"\0" + (top / name).read_bytes()
-    return Revision(revision_name(commit, changes), commit, bool(changes), str(source))
+    return Revision(revision_name(commit, changes), commit, bool(changes), str(source), content)
 
 
 def parse_cpuinfo(text: str) -> dict:
