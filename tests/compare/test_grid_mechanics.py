@@ -295,6 +295,10 @@ def test_the_primary_hypothesis_is_tested_alone_and_the_rest_is_a_secondary_fami
     assert "## The primary hypothesis (pre-registered, tested alone)" in md
     assert "## The predictions (secondary)" in md
     assert "one secondary family of the" in md
+    named = summarize(
+        results, methods, (0.5,), "sequence", 10, 6, primary=parse_claim("k2_as_loss<k3_as_loss:exact_kl")
+    )
+    assert [q["claim"] for q in named["predictions"]] == [c[0] for c in kept]  # kl and exact_kl: the same claim
     # a primary claim that is not among the predictions leaves every prediction secondary
     other = summarize(results, methods, (0.5,), "sequence", 10, 6, primary=parse_claim("none<k3_as_loss:logp_gap"))
     assert len(other["predictions"]) == len(kept) + 1

@@ -59,6 +59,8 @@ def parse_claim(text: str) -> Claim:
     return Claim(a, b, "less" if op == "<" else "equivalent", metric)
 
 
-def same_claim(claim: Claim, kind: str, a: str, b: str, metric: str) -> bool:
-    """True when a prediction (kind, a, b, metric) is the primary claim itself (then it is not secondary)."""
-    return (claim.kind, claim.a, claim.b, claim.metric) == (kind, a, b, metric)
+def same_claim(claim: Claim, kind: str, a: str, b: str, key: str, kl_key: str) -> bool:
+    """True when a prediction (kind, a, b, final metric ``key``) is the primary claim itself (then it is not
+    secondary); the claim's metric ``kl`` is the summary's KL, ``kl_key``."""
+    metric = kl_key if claim.metric == "kl" else claim.metric
+    return (claim.kind, claim.a, claim.b, metric) == (kind, a, b, key)

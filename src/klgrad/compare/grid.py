@@ -635,9 +635,9 @@ def prediction_tests(
     for claim, kind, a, b, metric in PREDICTIONS:
         if not {a, b} <= set(methods):
             continue
-        if exclude is not None and same_claim(exclude, kind, a, b, metric):
-            continue
         key = kl_key if metric == "kl" else metric
+        if exclude is not None and same_claim(exclude, kind, a, b, key, kl_key):
+            continue
         test = claim_test(results, claim, kind, a, b, key, beta, margin)
         if test is not None:
             tests.append(test)
