@@ -156,6 +156,8 @@ def test_pinned_worktree_is_the_commit_and_the_command_runs_from_it(repo, tmp_pa
     with pytest.raises(ValueError, match="not the clean commit"):
         pin_worktree("HEAD", repo, tmp_path / "pins")
     assert pin_worktree("HEAD", repo, tmp_path / "pins", allow_dirty=True) == (sha, wt)
+    shutil.rmtree(wt)  # deleted by hand: made again (the stale registration pruned)
+    assert pin_worktree("HEAD", repo, tmp_path / "pins") == (sha, wt)
     with pytest.raises(ValueError, match="not a commit"):
         pin_worktree("no-such-rev", repo, tmp_path / "pins")
     assert strip_pin_args(["--pin", "a", "--x", "--pin=b"]) == ["--x"]

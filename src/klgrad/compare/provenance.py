@@ -196,7 +196,11 @@ def pin_worktree(rev: str, repo: Path, root: Path, allow_dirty: bool = False) ->
     path = root / commit
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
-        _git(repo, "worktree", "add", "--detach", str(path), commit)
+        try:
+            _git(repo, "worktree", "prune")  # a pinned folder deleted by hand leaves a stale registration
+            _git(repo, "worktree", "add", "--detach", str(path), commit)
+        except subprocess.CalledProcessError as e:
+            raise ValueError(f"--pin {rev}: git worktree add {path} failed: {e.stderr.strip()}") from e
     rev_there = source_revision(path / "src" / "klgrad")
     if rev_there.commit != commit or (rev_there.dirty and not allow_dirty):
         raise ValueError(
