@@ -229,7 +229,8 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument(
         "--allow-dirty",
         action="store_true",
-        help="with --pin: run even when the pinned worktree has local changes (recorded as COMMIT-dirty-HASH)",
+        help="run a pinned grid from a dirty tree: with --pin, a pinned worktree with local changes; without, the "
+        "continuation of a grid recorded as pinned (recorded as COMMIT-dirty-HASH)",
     )
     g.add_argument(
         "--only-seeds",

@@ -219,6 +219,17 @@ def test_a_continuation_at_another_revision_is_refused_naming_both():
         settle_design(dirty, record("aaa111"), has_runs=True)
 
 
+def test_a_pinned_grid_refuses_a_dirty_tree_unless_allowed():
+    old = settle_design(None, record("aaa111") | {"pinned": True}, has_runs=False)
+    dirty = record("aaa111-dirty-0123456789ab")
+    dirty["revision"] |= {"commit": "aaa111", "dirty": True}
+    old["revision"]["content"] = dirty["revision"]["content"] = "c" * 64  # only files outside the package changed
+    with pytest.raises(GridMismatchError, match=r"is a pinned grid and this klgrad .* is a dirty tree"):
+        settle_design(old, dirty, has_runs=True)
+    assert settle_design(old, dirty, has_runs=True, allow_dirty=True)["revision"] == old["revision"]
+    assert settle_design(old | {"pinned": False}, dirty, has_runs=True)["sessions"]  # unpinned: same code suffices
+
+
 def test_a_continuation_may_extend_and_add_seeds_but_not_change_the_design():
     old = settle_design(None, record(primary=parse_claim("k2_as_loss<k3_as_loss").as_dict()), has_runs=False)
     longer = settle_design(old, record(steps=20, seeds=8, methods=["k2_as_loss", "none"]), has_runs=True)

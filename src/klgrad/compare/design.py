@@ -90,9 +90,12 @@ def check_revision(old: dict, new: dict, what: str) -> None:
         )
 
 
-def settle_design(old: dict | None, new: dict, has_runs: bool, where: str = "the grid") -> dict:
+def settle_design(
+    old: dict | None, new: dict, has_runs: bool, where: str = "the grid", allow_dirty: bool = False
+) -> dict:
     """The record to write for a continuation of ``old`` by ``new`` (module docstring for the rules); raises
-    :class:`GridMismatchError` naming the field and both values."""
+    :class:`GridMismatchError` naming the field and both values. A grid recorded as pinned refuses a dirty tree
+    (even one whose package files are the commit's) unless ``allow_dirty``."""
     if (old is None or old.get("primary") is None) and new.get("primary") is not None and has_runs:
         raise GridMismatchError(
             f"{where} has runs already: a primary hypothesis stated now would not be pre-registered; "
@@ -101,6 +104,11 @@ def settle_design(old: dict | None, new: dict, has_runs: bool, where: str = "the
     if old is None:
         return {**new, "sessions": [new["session"]]}
     check_revision(old, new, where)
+    if old.get("pinned") and new["revision"].get("dirty") and not allow_dirty:
+        raise GridMismatchError(
+            f"{where} is a pinned grid and this klgrad ({new['revision']['source']}) is a dirty tree "
+            f"({new['revision']['revision']}): {revision_hint(old['revision'])}, or pass --allow-dirty"
+        )
     new = dict(new)
     for k in INHERITED_FIELDS:
         if new.get(k) is None and old.get(k) is not None:

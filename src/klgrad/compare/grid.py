@@ -524,7 +524,7 @@ def run_compare(
             "methods": list(methods),
         }
         has_runs = any((out_dir / "runs").glob("*/metrics.jsonl"))
-        record = settle_design(old, new, has_runs, str(out_dir))
+        record = settle_design(old, new, has_runs, str(out_dir), allow_dirty)
         del record["session"]
         if record["convergence"] is None:
             record["convergence"] = ConvergenceCriterion().as_dict()
