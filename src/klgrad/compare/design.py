@@ -6,7 +6,9 @@ methods, seeds, betas, level, dotted overrides, the equivalence margin, the fina
 and the convergence criterion, and one ``sessions`` entry per invocation (time, machine, revision, steps, seeds).
 
 A continuation (the same ``--out`` again, a larger ``--steps``, more seeds or methods) must agree with it
-(:func:`settle_design`): the same revision (else :class:`GridMismatchError` naming both), the same config, level,
+(:func:`settle_design`): the same code (the same package content, else the same revision name;
+:func:`klgrad.compare.provenance.same_code`; else :class:`GridMismatchError` naming both; a grid recorded as
+pinned also refuses a dirty tree unless allowed), the same config, level,
 betas, overrides, margin, final-KL sizes, primary hypothesis and convergence criterion; ``steps`` may only grow
 (every run is then extended), seeds and methods may be added. A primary hypothesis or criterion not given is taken
 from the record; a primary hypothesis cannot be added once a run exists (it would not be pre-registered). Before
