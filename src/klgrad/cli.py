@@ -209,9 +209,128 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument(
         "--no-checkpoints",
         action="store_true",
-        help="delete each run's checkpoints once its final numbers are written (a real model's are GBs per run)",
+        help="delete each run's checkpoints once its final numbers (and --final-hook evaluations) are written (a "
+        "real model's are GBs per run); a grid whose checkpoints are gone cannot be extended",
+    )
+    g = c.add_argument_group(
+        "long grids",
+        "OUT/grid.json records the code revision (git commit, '-dirty-<hash>' for a tree with changes), the CPU "
+        "and the design before any run; continuing a grid at another revision or with another design exits 2. "
+        "Runs checkpoint every steps/10 (newest kept) and resume mid-way; a larger --steps extends a finished "
+        "grid; --train.stop_when 'METRIC OP VALUE' stops a run early (docs/reproduction.md, 'Long grids').",
+    )
+    g.add_argument(
+        "--pin",
+        metavar="REV",
+        default=None,
+        help="run the grid from a detached git worktree of REV (made under $KLGRAD_PIN_DIR, default "
+        "~/.cache/klgrad/pins/COMMIT), re-executing this command there, so edits beside it cannot change it",
+    )
+    g.add_argument(
+        "--allow-dirty",
+        action="store_true",
+        help="run a pinned grid from a dirty tree: with --pin, a pinned worktree with local changes; without, the "
+        "continuation of a grid recorded as pinned (recorded as COMMIT-dirty-HASH)",
+    )
+    g.add_argument(
+        "--only-seeds",
+        default=None,
+        metavar="LIST",
+        help="run only these of the grid's seeds, e.g. 4-7 or 0,2 (seeds of one grid on several machines; "
+        "then --merge)",
+    )
+    g.add_argument(
+        "--merge",
+        nargs="+",
+        default=None,
+        metavar="DIR",
+        type=Path,
+        help="merge these grid folders (same revision and design, e.g. disjoint --only-seeds) into --out and "
+        "summarise; trains nothing",
+    )
+    g.add_argument(
+        "--primary",
+        default=None,
+        metavar="CLAIM",
+        help="the grid's pre-registered primary hypothesis, 'A<B[:METRIC]' (mean A below B) or 'A~B[:METRIC]' "
+        "(within --margin); METRIC kl (default) or a final metric. Written to grid.json and summary.json before "
+        "any run and tested alone; the other predictions form a secondary Holm family",
+    )
+    g.add_argument(
+        "--converge-gap",
+        type=float,
+        default=None,
+        metavar="NATS",
+        help="the gap the grid must resolve: convergence needs the standard error of the last quarter's movement "
+        "<= gap/4 (without it that bound is not checked)",
+    )
+    g.add_argument(
+        "--converge-metric",
+        default=None,
+        metavar="KEY",
+        help="logged metric the convergence criterion reads (default kl/k1: the training batch's sequence KL)",
+    )
+    g.add_argument(
+        "--converge-without-lr-decay",
+        action="store_true",
+        help="drop the criterion's 'learning rate decays over the last third' condition (a constant lr)",
+    )
+    g.add_argument(
+        "--final-hook",
+        action="append",
+        default=[],
+        metavar="NAME=MODULE:FUNCTION",
+        help="a downstream evaluation, FUNCTION(cfg, run_dir) -> dict, run on each finished run before its "
+        "weights are deleted; stored in final.json under NAME (repeatable)",
     )
     c.set_defaults(func=cmd_compare, takes_overrides=True)
+
+
+def parse_seed_list(text: str) -> list[int]:
+    """``"4-7"`` → [4, 5, 6, 7]; ``"0,2,5"`` → [0, 2, 5]; ranges and single seeds may mix (``"0-2,5"``)."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"--only-seeds {text!r}: expected seeds like 4-7 or 0,2,5")
+        out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
+    return sorted(set(out))
+
+
+def final_hooks(specs: list[str]) -> dict:
+    """``NAME=MODULE:FUNCTION`` flags → {name: function}; raises ValueError naming a bad one."""
+    from klgrad.import_path import import_object
+
+    hooks = {}
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--final-hook {spec!r}: expected NAME=MODULE:FUNCTION")
+        hooks[name] = import_object(path, "--final-hook")
+    return hooks
+
+
+def compare_argv(argv: list[str]) -> list[str]:
+    """The arguments after the ``compare`` command word."""
+    return argv[argv.index("compare") + 1 :] if "compare" in argv else list(argv)
+
+
+def exec_pinned(args: argparse.Namespace, execve=None) -> int:
+    """``--pin REV``: make (or reuse) the pinned worktree and re-execute this compare command from it
+    (:func:`klgrad.compare.provenance.pinned_command`). Returns 2 with a message when REV cannot be pinned."""
+    import os
+
+    from klgrad.compare import provenance as pv
+
+    try:
+        commit, worktree = pv.pin_worktree(args.pin, pv.package_source(), pv.pin_root(), args.allow_dirty)
+    except (ValueError, OSError) as e:
+        print(f"klgrad compare: {e}", file=sys.stderr)
+        return 2
+    argv, env = pv.pinned_command(worktree, commit, compare_argv(args.argv), dict(os.environ))
+    print(f"klgrad compare: pinned to {commit} ({worktree})", file=sys.stderr, flush=True)
+    (execve or os.execve)(argv[0], argv, env)
+    return 0  # reached only when execve is replaced (tests)
 
 
 GRID_KEYS = ("kl.head", "kl.beta", "kl.form", "kl.level", "train.seed", "train.out_dir", "train.steps")
@@ -223,6 +342,10 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     from klgrad.config import ConfigError, parse_override_args
     from klgrad.runlock import RunLockedError
 
+    if args.pin:
+        return exec_pinned(args)
+    if args.merge:
+        return cmd_merge(args)
     methods = tuple(args.methods.split(",")) if args.methods else METHODS
     bad = [m for m in methods if m not in METHODS and ":" not in m]
     why = None
@@ -247,10 +370,24 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     fixed = sorted(set(extra) & set(GRID_KEYS))
     if fixed:
         why = f"{fixed} are set by the grid per run (use --betas, --level, --seeds, --steps, --out)"
+    try:
+        only = None if args.only_seeds is None else parse_seed_list(args.only_seeds)
+        hooks = final_hooks(args.final_hook)
+    except ValueError as e:
+        why, only, hooks = why or str(e), None, {}
     if why:
         print(f"klgrad compare: {why}", file=sys.stderr)
         return 2
     betas = tuple(float(b) for b in args.betas.split(","))
+    convergence = None
+    if args.converge_gap is not None or args.converge_metric or args.converge_without_lr_decay:
+        from klgrad.compare.convergence import ConvergenceCriterion
+
+        convergence = ConvergenceCriterion(
+            metric=args.converge_metric or "kl/k1",
+            gap=args.converge_gap,
+            lr_decay=None if args.converge_without_lr_decay else 1 / 3,
+        )
     try:
         summary = run_compare(
             Path(args.out),
@@ -264,6 +401,11 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
             estimate_samples=args.kl_samples,
             extra_overrides=extra,
             keep_checkpoints=not args.no_checkpoints,
+            only_seeds=only,
+            primary=args.primary,
+            convergence=convergence,
+            final_hooks=hooks,
+            allow_dirty=args.allow_dirty,
             **({} if args.margin is None else {"margin": args.margin}),
         )
     except (ValueError, RunLockedError) as e:
@@ -272,7 +414,25 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     from klgrad.compare.grid import summary_markdown
 
     _console().print(summary_markdown(summary))
-    print(f"wrote {args.out}/comparison.png, frontier.png, summary.json, summary.md, runs/")
+    print(f"wrote {args.out}/grid.json, comparison.png, frontier.png, summary.json, summary.md, runs/")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    """``klgrad compare --merge DIR ... --out OUT`` (:func:`klgrad.compare.merge.merge_grids`)."""
+    from klgrad.compare.grid import summary_markdown
+    from klgrad.compare.merge import merge_grids
+    from klgrad.runlock import RunLockedError
+
+    try:
+        summary = merge_grids(list(args.merge), Path(args.out))
+    except (ValueError, RunLockedError) as e:
+        print(f"klgrad compare: {e}", file=sys.stderr)
+        return 2
+    _console().print(summary_markdown(summary))
+    for run in summary["skipped"]:
+        print(f"klgrad compare: left out {run} (not finished)", file=sys.stderr)
+    print(f"wrote {args.out}/grid.json, summary.json, summary.md, runs/ (merged)")
     return 0
 
 
@@ -657,6 +817,7 @@ def _quiet_transformers() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (compare --pin re-executes it)
     if args.command in ("train", "sft", "compare", "reproduce", "eval", "export", "regime"):
         _quiet_transformers()
     if getattr(args, "takes_overrides", False):

@@ -25,19 +25,24 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from klgrad.compare.claims import Claim, parse_claim, same_claim
+from klgrad.compare.convergence import ConvergenceCriterion, converged, metric_series
+from klgrad.compare.design import GRID_FILE, now, read_grid, settle_design, shared_config, write_json
+from klgrad.compare.provenance import Revision, check_pinned, machine_label, machine_record, source_revision
 from klgrad.compare.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
-from klgrad.config import Config, load_config
+from klgrad.config import Config, load_config, to_dict
 from klgrad.exact.kl import clustered_mean_se, sampled_kl_estimates, stepwise_kl, tree_kl
 from klgrad.exact.objective import PRUNE
 from klgrad.plotting import pyplot, save
 from klgrad.rewards import accuracy_reward_name
 from klgrad.runlock import run_lock
-from klgrad.trainer import load_data, read_jsonl, reference_path, reward_specs, train
+from klgrad.trainer import latest_checkpoint, load_data, read_jsonl, reference_path, reward_specs, train
 
 METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
 EQUIVALENCE_MARGIN = 0.1
@@ -212,6 +217,204 @@ def run_final_metrics(run_dir: Path) -> dict:
     }
 
 
+FinalHook = Callable[[Config, Path], dict]
+"""A downstream evaluation of a finished run, ``hook(cfg, run_dir) -> dict``: called while the run's weights
+still exist (before ``--no-checkpoints`` deletes them), its dict stored in final.json under the hook's name."""
+
+
+def run_steps_done(run_dir: Path) -> tuple[int, bool]:
+    """(steps the run's summary.json records, whether ``train.stop_when`` stopped it); (0, False) when none."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return 0, False
+    s = json.loads(path.read_text())
+    return int(s.get("steps", 0)), bool(s.get("stopped"))
+
+
+def append_provenance(run_dir: Path, entry: dict) -> None:
+    """One line of ``run_dir/provenance.jsonl``: which machine and revision trained which steps of the run."""
+    with (run_dir / "provenance.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def ran_on(run_dir: Path) -> list[str]:
+    """The machines (:func:`~klgrad.compare.provenance.machine_label`) that trained the run, in order, once each."""
+    labels = [machine_label(e["machine"]) for e in read_jsonl(run_dir / "provenance.jsonl")]
+    return list(dict.fromkeys(labels))
+
+
+def ensure_run(
+    cfg: Config,
+    steps: int,
+    *,
+    exact_prompts: int,
+    estimate_samples: int,
+    keep_checkpoints: bool,
+    hooks: Mapping[str, FinalHook],
+    provenance: dict,
+) -> dict:
+    """Bring one run of the grid to ``steps`` and return its final.json.
+
+    A run finished at ``steps`` (or stopped by ``train.stop_when``) with final.json is read back. One finished at
+    fewer steps is extended: its final.json is kept as ``final.stepN.json`` and training resumes from its last
+    checkpoint with ``train.steps`` = ``steps`` (refused when ``--no-checkpoints`` deleted it). An interrupted run
+    resumes from its newest periodic checkpoint. Then, in this order: the final metrics, each hook (weights still
+    there), final.json (written atomically), and only then the checkpoints are deleted (``keep_checkpoints``
+    False). ``provenance`` (machine, revision) is appended to the run's provenance.jsonl for the steps trained.
+    """
+    run_dir = Path(cfg.train.out_dir)
+    done = run_dir / "final.json"
+    before, stopped = run_steps_done(run_dir)
+    finished = before >= steps or stopped
+    if done.is_file() and finished:
+        return json.loads(done.read_text())
+    if done.is_file():  # finished at fewer steps: extend it
+        if latest_checkpoint(run_dir) is None:
+            raise ValueError(
+                f"{run_dir}: cannot extend from {before} to {steps} steps: it has no checkpoint (deleted by "
+                "--no-checkpoints); rerun it or keep checkpoints"
+            )
+        done.rename(run_dir / f"final.step{before}.json")
+    if not finished:
+        ckpt = latest_checkpoint(run_dir)
+        start = 0 if ckpt is None else int(ckpt.name.removeprefix("step_"))  # where training resumes
+        train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
+        after, _ = run_steps_done(run_dir)
+        append_provenance(run_dir, {**provenance, "from_step": start, "to_step": after, "at": now()})
+    final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
+    for name, hook in hooks.items():  # downstream evaluations: the weights are still there
+        final[name] = hook(cfg, run_dir)
+    final["steps"], stop = run_steps_done(run_dir)
+    if stop:
+        final["stopped"] = json.loads((run_dir / "summary.json").read_text())["stopped"]
+    final["ran_on"] = ran_on(run_dir)
+    final["final_on"] = machine_label(provenance["machine"])
+    write_json(done, final)
+    if not keep_checkpoints:  # its numbers are in final.json; a real model's weights are GBs a run
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return final
+
+
+def extendable(run_dir: Path, steps: int) -> bool:
+    """False only for a run whose final.json is of fewer than ``steps`` steps (not stopped by its criterion) and
+    that has no checkpoint left to resume from."""
+    if not (run_dir / "final.json").is_file():
+        return True
+    done, stopped = run_steps_done(run_dir)
+    return done >= steps or stopped or latest_checkpoint(run_dir) is not None
+
+
+def run_name(method: str, beta: float, seed: int) -> str:
+    return f"{method}-beta{beta:g}-seed{seed}"
+
+
+def grid_runs(record: dict) -> list[tuple[str, float, int]]:
+    """Every (method, β, seed) of a grid's design (grid.json), in the grid's order."""
+    return [(m, b, s) for b in record["betas"] for m in record["methods"] for s in range(record["seeds"])]
+
+
+def collect_results(out_dir: Path, record: dict) -> list[dict]:
+    """The final.json of every run of the design that is finished at the grid's steps (or stopped by its
+    criterion), as summary rows ``{"method", "beta", "seed", **final}``; runs not there yet are left out."""
+    results = []
+    for m, b, s in grid_runs(record):
+        path = out_dir / "runs" / run_name(m, b, s) / "final.json"
+        if not path.is_file():
+            continue
+        final = json.loads(path.read_text())
+        if final.get("steps", record["steps"]) >= record["steps"] or final.get("stopped"):
+            results.append({"method": m, "beta": b, "seed": s, **final})
+    return results
+
+
+def claim_of(record: dict) -> Claim | None:
+    p = record.get("primary")
+    return None if p is None else Claim(p["a"], p["b"], p["kind"], p["metric"])
+
+
+def grid_convergence(out_dir: Path, record: dict, results: list[dict]) -> dict:
+    """``summary.json``'s ``convergence``: the recorded criterion on the finished runs at the first β, for the
+    primary hypothesis' two methods (every method without one); met when all of them meet it."""
+    crit = ConvergenceCriterion(**record["convergence"])
+    b = record["betas"][0]
+    claim = claim_of(record)
+    methods = [claim.a, claim.b] if claim else list(record["methods"])
+    by_method = {}
+    for m in methods:
+        runs = [
+            read_jsonl(out_dir / "runs" / run_name(m, b, r["seed"]) / "metrics.jsonl")
+            for r in results
+            if r["method"] == m and r["beta"] == b
+        ]
+        by_method[m] = converged(
+            [metric_series(rs, crit.metric) for rs in runs], [metric_series(rs, "lr") for rs in runs], crit
+        )
+    return {
+        "criterion": crit.text(),
+        "met": bool(by_method) and all(v["met"] for v in by_method.values()),
+        "steps": record["steps"],
+        "parameters": crit.as_dict(),
+        "by_method": by_method,
+    }
+
+
+def write_summary(out_dir: Path, record: dict) -> dict:
+    """summary.json, summary.md and the figures of a grid from its record and its finished runs."""
+    results = collect_results(out_dir, record)
+    methods, betas = tuple(record["methods"]), tuple(record["betas"])
+    seeds = len({r["seed"] for r in results})
+    temperature = record["resolved_config"]["rollout"]["temperature"]
+    summary = summarize(
+        results,
+        methods,
+        betas,
+        record["level"],
+        record["steps"],
+        seeds,
+        record["margin"],
+        temperature=temperature,
+        primary=claim_of(record),
+    )
+    summary["convergence"] = grid_convergence(out_dir, record, results)
+    summary["revision"] = record["revision"]["revision"]
+    summary["registered_at"] = record["created"]
+    summary["machines"] = sorted({m for r in results for m in r.get("ran_on", [])})
+    write_json(out_dir / "summary.json", {**summary, "runs": results})
+    (out_dir / "summary.md").write_text(summary_markdown(summary))
+    present = [(r["method"], r["beta"], r["seed"]) for r in results]
+    if present:
+        plot_grid(out_dir, present, methods, betas)
+        plot_frontier(results, out_dir / "frontier.png", methods)
+    return summary
+
+
+def registration(record: dict) -> dict:
+    """The summary.json a grid starts with, before any run: what it will decide and by which criterion."""
+    crit = ConvergenceCriterion(**record["convergence"])
+    return {
+        "status": "registered; no result yet",
+        "registered_at": record["created"],
+        "revision": record["revision"]["revision"],
+        "primary": record.get("primary"),
+        "convergence": {
+            "criterion": crit.text(),
+            "met": None,
+            "steps": record["steps"],
+            "parameters": crit.as_dict(),
+        },
+        "runs": [],
+    }
+
+
+def check_claim(claim: Claim, methods: Sequence[str]) -> None:
+    """A primary hypothesis must compare two of the grid's methods on ``kl`` or a final metric."""
+    missing = [m for m in (claim.a, claim.b) if m not in methods]
+    if missing or claim.a == claim.b:
+        raise ValueError(f"--primary {claim.text}: needs two different methods of the grid {list(methods)}")
+    if claim.metric != "kl" and claim.metric not in FINAL_KEYS:
+        raise ValueError(f"--primary {claim.text}: metric {claim.metric!r} is not 'kl' or one of {list(FINAL_KEYS)}")
+
+
 def run_compare(
     out_dir: Path,
     *,
@@ -227,54 +430,122 @@ def run_compare(
     extra_overrides: dict | None = None,
     keep_checkpoints: bool = True,
     margin: float = EQUIVALENCE_MARGIN,
+    only_seeds: Sequence[int] | None = None,
+    primary: str | Claim | None = None,
+    convergence: ConvergenceCriterion | None = None,
+    final_hooks: Mapping[str, FinalHook] | None = None,
+    revision: Revision | None = None,
+    allow_dirty: bool = False,
 ) -> dict:
-    """Run (or resume) the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``.
+    """Run, resume or extend the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``.
+
+    Before any run, ``out_dir/grid.json`` records the design and the code revision
+    (:mod:`klgrad.compare.design`; a continuation at another revision, or with another design, raises
+    :class:`~klgrad.compare.design.GridMismatchError`), and a new grid gets a summary.json stating its
+    ``primary`` hypothesis (``"A<B:METRIC"``, :mod:`klgrad.compare.claims`) and its convergence criterion
+    (:mod:`klgrad.compare.convergence`) before any result. ``only_seeds`` runs that subset of ``range(seeds)``
+    (seeds of one grid on several machines, merged by :func:`klgrad.compare.merge.merge_grids`); the summary
+    covers every finished run of the design in ``out_dir``.
+
+    Runs checkpoint every max(1, steps // 10) steps (evaluate every max(1, steps // 3)) and keep only the newest
+    checkpoint (``train.keep_checkpoints`` 1), so an interrupted run resumes mid-way; a larger ``steps`` than a
+    finished grid's extends every run (:func:`ensure_run`; only ``train.steps`` changes: both periods stay those
+    of the grid's first ``steps``, recorded as ``cadence_steps``); ``train.stop_when`` (a dotted override) stops
+    a run on a stated criterion. ``final_hooks`` run on each finished run before its weights are deleted.
 
     Holds ``out_dir``'s lock (:mod:`klgrad.runlock`) from after the configs validate to the end, so a second
     compare into the same folder fails at once with :class:`~klgrad.runlock.RunLockedError`; each run then takes
     its own ``out_dir/runs/NAME`` lock inside :func:`~klgrad.trainer.train`. With ``keep_checkpoints=False`` a
-    run's ``checkpoints/`` is deleted once its ``final.json`` is written (a finished run is then still skipped).
+    run's ``checkpoints/`` is deleted once its ``final.json`` is written (a finished run is then still skipped,
+    but can no longer be extended).
     """
-    grid = [(m, b, s) for b in betas for m in methods for s in range(seeds)]
+    claim = parse_claim(primary) if isinstance(primary, str) else primary
+    if claim is not None:
+        check_claim(claim, methods)
+    run_seeds = list(range(seeds)) if only_seeds is None else sorted(set(only_seeds))
+    if not set(run_seeds) <= set(range(seeds)):
+        raise ValueError(f"only_seeds {run_seeds} are not all among the grid's seeds 0..{seeds - 1}")
+    grid = [(m, b, s) for b in betas for m in methods for s in run_seeds]
+    cadence = (read_grid(out_dir) or {}).get("cadence_steps", steps)  # the first session's steps
     base = {
         "train.steps": steps,
-        "train.eval_every": max(1, steps // 3),
-        "train.save_every": steps,
+        "train.eval_every": max(1, cadence // 3),
+        "train.save_every": max(1, cadence // 10),
+        "train.keep_checkpoints": 1,
         "train.tensorboard": False,
         **(extra_overrides or {}),
     }
     cfgs = {}
     for m, b, s in grid:  # validate every config before running anything
-        run_dir = out_dir / "runs" / f"{m}-beta{b:g}-seed{s}"
+        run_dir = out_dir / "runs" / run_name(m, b, s)
         cfgs[(m, b, s)] = load_config(
             config, {**base, **method_overrides(m, level, b), "train.seed": s, "train.out_dir": str(run_dir)}
         )
+    sampling_temperature(list(cfgs.values()))  # one temperature, or refused before anything is written
+    stuck = [str(c.train.out_dir) for c in cfgs.values() if not extendable(Path(c.train.out_dir), steps)]
+    if stuck:
+        raise ValueError(
+            f"cannot extend to {steps} steps: {', '.join(stuck)} finished earlier and has no checkpoint left "
+            "(--no-checkpoints); rerun those runs or keep checkpoints"
+        )
+    revision = revision or source_revision()
+    pinned = check_pinned(revision, allow_dirty)
+    machine = machine_record()
+    new = {
+        "revision": revision.as_dict(),
+        "pinned": pinned,
+        "created": now(),
+        "config": config,
+        "resolved_config": shared_config(to_dict(load_config(config, base))),
+        "methods": list(methods),
+        "seeds": seeds,
+        "betas": list(betas),
+        "level": level,
+        "steps": steps,
+        "cadence_steps": cadence,
+        "overrides": dict(extra_overrides or {}),
+        "margin": margin,
+        "exact_prompts": exact_prompts,
+        "estimate_samples": estimate_samples,
+        "primary": None if claim is None else claim.as_dict(),
+        "convergence": None if convergence is None else convergence.as_dict(),
+    }
+    new = json.loads(json.dumps(new))  # as grid.json will hold it (tuples as lists), so records compare equal
     with run_lock(out_dir):  # one writer per output folder (creates it)
-        results = []
+        old = read_grid(out_dir)
+        new["machine"] = machine  # this session's; every session's is in "sessions"
+        new["session"] = {
+            "at": new["created"],
+            "machine": machine,
+            "revision": revision.name,
+            "pinned": pinned,
+            "steps": steps,
+            "seeds": run_seeds,
+            "methods": list(methods),
+        }
+        has_runs = any((out_dir / "runs").glob("*/metrics.jsonl"))
+        record = settle_design(old, new, has_runs, str(out_dir), allow_dirty)
+        del record["session"]
+        if record["convergence"] is None:
+            record["convergence"] = ConvergenceCriterion().as_dict()
+        write_json(out_dir / GRID_FILE, record)  # before any run
+        if not (out_dir / "summary.json").exists():
+            write_json(out_dir / "summary.json", registration(record))
+        provenance = {"machine": machine, "revision": revision.name}
         bar = tqdm(grid, desc="klgrad compare", disable=not progress, dynamic_ncols=True)
         for m, b, s in bar:
-            cfg = cfgs[(m, b, s)]
-            run_dir = Path(cfg.train.out_dir)
             bar.set_postfix(run=f"{m} β={b:g} seed {s}")
-            done = run_dir / "final.json"
-            if not done.is_file():
-                summary = run_dir / "summary.json"
-                finished = summary.is_file() and json.loads(summary.read_text()).get("steps") == steps
-                if not finished:
-                    train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
-                final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
-                done.write_text(json.dumps(final, indent=1))
-                if not keep_checkpoints:  # its numbers are in final.json; a real model's weights are GBs a run
-                    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
-            results.append({"method": m, "beta": b, "seed": s, **json.loads(done.read_text())})
+            ensure_run(
+                cfgs[(m, b, s)],
+                steps,
+                exact_prompts=exact_prompts,
+                estimate_samples=estimate_samples,
+                keep_checkpoints=keep_checkpoints,
+                hooks=final_hooks or {},
+                provenance=provenance,
+            )
         bar.close()
-        temperature = sampling_temperature([cfgs[k] for k in grid])
-        summary = summarize(results, methods, betas, level, steps, seeds, margin, temperature=temperature)
-        (out_dir / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
-        (out_dir / "summary.md").write_text(summary_markdown(summary))
-        plot_grid(out_dir, grid, methods, betas)
-        plot_frontier(results, out_dir / "frontier.png", methods)
-        return summary
+        return write_summary(out_dir, record)
 
 
 def paired_values(results: list[dict], a: str, b: str, beta: float, key: str) -> tuple[list[float], list[float]]:
@@ -317,8 +588,45 @@ k2_as_loss the exact reverse-KL gradient holds at sequence and token_to_go level
 it is a per-step surrogate, so that claim is tested there too but is not the theory's)."""
 
 
-def prediction_tests(results: list[dict], methods, beta: float, kl_key: str, margin: float = EQUIVALENCE_MARGIN):
-    """The paired test of each prediction whose methods are in the grid, with the unpaired Welch test beside it.
+def claim_test(
+    results: list[dict], claim: str, kind: str, a: str, b: str, key: str, beta: float, margin: float
+) -> dict | None:
+    """The paired test of one claim on final metric ``key`` (the unpaired Welch test beside it, unadjusted), or
+    None when fewer than 2 seeds pair up."""
+    xa, xb = paired_values(results, a, b, beta, key)
+    if len(xa) < 2:
+        return None
+    if kind == "equivalent":
+        test = paired_equivalent(xa, xb, margin)
+        welch = welch_equivalent(xa, xb, margin)
+    else:
+        test = paired_less(xa, xb)
+        welch = welch_less(xa, xb)
+    return {
+        "claim": claim,
+        "metric": key,
+        "a": a,
+        "b": b,
+        **test,
+        "welch": {
+            "test": welch["test"],
+            "p_value": welch["p_value"],
+            "verdict": welch["verdict"],
+            "adjusted": False,  # its own p at α: outside the Holm family, never the verdict
+        },
+    }
+
+
+def prediction_tests(
+    results: list[dict],
+    methods,
+    beta: float,
+    kl_key: str,
+    margin: float = EQUIVALENCE_MARGIN,
+    exclude: Claim | None = None,
+):
+    """The paired test of each prediction whose methods are in the grid, with the unpaired Welch test beside it;
+    ``exclude`` (the grid's primary hypothesis) is left out when it is one of them.
 
     The equivalence claim "k1_as_loss ≈ none" is a paired TOST with the stated ``margin`` δ (nats of KL):
     "k1_as_loss's final KL is within ±δ of no KL's".
@@ -328,31 +636,23 @@ def prediction_tests(results: list[dict], methods, beta: float, kl_key: str, mar
         if not {a, b} <= set(methods):
             continue
         key = kl_key if metric == "kl" else metric
-        xa, xb = paired_values(results, a, b, beta, key)
-        if len(xa) < 2:
+        if exclude is not None and same_claim(exclude, kind, a, b, key, kl_key):
             continue
-        if kind == "equivalent":
-            test = paired_equivalent(xa, xb, margin)
-            welch = welch_equivalent(xa, xb, margin)
-        else:
-            test = paired_less(xa, xb)
-            welch = welch_less(xa, xb)
-        tests.append(
-            {
-                "claim": claim,
-                "metric": key,
-                "a": a,
-                "b": b,
-                **test,
-                "welch": {
-                    "test": welch["test"],
-                    "p_value": welch["p_value"],
-                    "verdict": welch["verdict"],
-                    "adjusted": False,  # its own p at α: outside the Holm family, never the verdict
-                },
-            }
-        )
+        test = claim_test(results, claim, kind, a, b, key, beta, margin)
+        if test is not None:
+            tests.append(test)
     return tests
+
+
+def primary_result(results: list[dict], claim: Claim, beta: float, kl_key: str, margin: float) -> dict:
+    """The primary hypothesis decided alone (:func:`~klgrad.compare.stats.decide` on a family of its own: one
+    hypothesis, two for an equivalence), with its statement; ``verdict`` says so when it could not be tested."""
+    key = kl_key if claim.metric == "kl" else claim.metric
+    test = claim_test(results, claim.sentence(), claim.kind, claim.a, claim.b, key, beta, margin)
+    stated = {**claim.as_dict(), "family": "primary (tested alone)"}
+    if test is None:
+        return {**stated, "metric": key, "verdict": "not tested: fewer than 2 seeds with both methods"}
+    return {**stated, **decide([test])[0]}
 
 
 def kl_metric(results: list[dict]) -> str:
@@ -382,9 +682,12 @@ def summarize(
     seeds: int,
     margin: float = EQUIVALENCE_MARGIN,
     temperature: float | None = None,
+    primary: Claim | None = None,
 ) -> dict:
     """Per (method, β): mean ± 95% CI of every final metric; the paper's predictions at the first β.
-    ``temperature`` is the sampling temperature τ every KL is taken at (None: not recorded)."""
+    ``temperature`` is the sampling temperature τ every KL is taken at (None: not recorded). With a ``primary``
+    hypothesis, it is decided alone (``primary``) and the other predictions form the secondary Holm family
+    (each marked ``"family": "secondary"``); without one every prediction is in one family."""
     table: dict = {}
     for b in betas:
         for m in methods:
@@ -396,8 +699,13 @@ def summarize(
             }
     b = betas[0]
     kl_key = kl_metric(results)
-    preds = decide(prediction_tests(results, methods, b, kl_key, margin))
+    preds = decide(prediction_tests(results, methods, b, kl_key, margin, exclude=primary))
+    out: dict = {}
+    if primary is not None:
+        out["primary"] = primary_result(results, primary, b, kl_key, margin)
+        preds = [{**p, "family": "secondary"} for p in preds]
     return {
+        **out,
         "level": level,
         "steps": steps,
         "seeds": seeds,
@@ -438,7 +746,8 @@ def plain_answer(summary: dict) -> list[str]:
             f"{temperature_phrase(summary)}, closest first): {ranked}."
         )
     out.append("")
-    for p in summary["predictions"]:
+    primary = [summary["primary"]] if "p_adjusted" in summary.get("primary", {}) else []
+    for p in primary + summary["predictions"]:
         lo, hi = p["ci95"]
         d = (
             f"mean difference {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}], {p['a']} below {p['b']} in "
@@ -454,7 +763,9 @@ def plain_answer(summary: dict) -> list[str]:
             what = "**supported**"
         else:
             what = "**not resolved at this sample size**"
-        out.append(f"- *{p['claim']}* ({p['metric']}): {what}; {d}.")
+        tag = "primary, tested alone" if p in primary else p["metric"]
+        d = d.replace(" (Holm)", "") if p in primary else d
+        out.append(f"- *{p['claim']}* ({tag}): {what}; {d}.")
     return out
 
 
@@ -468,6 +779,60 @@ def holm_family_size(predictions: list[dict]) -> int:
     """m of the summary's Holm family (:func:`klgrad.compare.stats.decide`): one hypothesis per ordering claim,
     two per equivalence claim (TOST and difference)."""
     return sum(2 if p["kind"] == "equivalent" else 1 for p in predictions)
+
+
+def family_word(summary: dict) -> str:
+    """ "secondary " when the summary has a primary hypothesis (tested alone), else ""."""
+    return "secondary " if "primary" in summary else ""
+
+
+def primary_markdown(summary: dict) -> list[str]:
+    """The pre-registered primary hypothesis and its verdict (decided alone), or nothing."""
+    p = summary.get("primary")
+    if p is None:
+        return []
+    lines = [
+        "## The primary hypothesis (pre-registered, tested alone)",
+        "",
+        f"Stated before any run ({summary.get('registered_at', 'time not recorded')}): *{p['claim']}* "
+        f"(`{p['text']}`, metric `{p['metric']}`). Decided by the paired test alone, not adjusted for the secondary "
+        "claims below.",
+        "",
+    ]
+    if "p_adjusted" not in p:
+        return [*lines, f"**{p['verdict']}**.", ""]
+    lo, hi = p["ci95"]
+    return [
+        *lines,
+        "| claim | metric | mean d [95% CI] | d < 0 in | paired p | sign-flip p | verdict |",
+        "|---|---|---|---|---|---|---|",
+        f"| {p['claim']} | {p['metric']} | {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+        f"{p['n_negative']}/{p['n_pairs']} | {p['p_adjusted']:.3g} | {p['p_sign_flip']:.3g} | **{p['verdict']}** |",
+        "",
+    ]
+
+
+def convergence_markdown(summary: dict) -> list[str]:
+    """The convergence criterion and whether the grid met it, or nothing when the summary has no record."""
+    c = summary.get("convergence")
+    if c is None:
+        return []
+    met = {True: "**met**", False: "**not met**", None: "not decided yet"}[c["met"]]
+    lines = [
+        "## Convergence",
+        "",
+        f"Criterion (stated before the runs): {c['criterion']}. At {c['steps']} steps: {met}.",
+        "",
+    ]
+    by = c.get("by_method") or {}
+    if by:
+        lines += ["| method | seeds | moved | se | logged densely | lr decays | met |", "|---|---|---|---|---|---|---|"]
+        for m, v in by.items():
+            moved = "—" if v["moved"] is None else f"{v['moved']:+.4g}"
+            se = "—" if v["se"] is None else f"{v['se']:.4g}"
+            lines.append(f"| {m} | {v['n']} | {moved} | {se} | {v['dense']} | {v['lr_decays']} | {v['met']} |")
+        lines.append("")
+    return lines
 
 
 def summary_markdown(summary: dict) -> str:
@@ -513,10 +878,13 @@ def summary_markdown(summary: dict) -> str:
         "J_β = E_π[R] − β·KL(π‖π_ref) and KL to optimum = KL(π‖π*) = (J* − J_β)/β, exact on the held-out prompts "
         "(short answers; J* is the best J_β any policy reaches).",
         "",
-        "## The predictions",
+        *primary_markdown(summary),
+        *convergence_markdown(summary),
+        "## The predictions" + (" (secondary)" if "primary" in summary else ""),
         "",
         "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test "
-        f"(two-sided; TOST for an equivalence claim), p Holm-adjusted in one family of the {holm_family_size(preds)} "
+        f"(two-sided; TOST for an equivalence claim), p Holm-adjusted in one {family_word(summary)}family of the "
+        f"{holm_family_size(preds)} "
         f"tested hypotheses of {len(preds)} claims (an equivalence claim brings two: TOST and difference). Beside "
         "it, for comparison only: the exact sign-flip p (two-sided, unadjusted) and the unpaired Welch p (one-sided, "
         "or Welch TOST; unadjusted, outside the Holm family, not used for any verdict)." + normality,

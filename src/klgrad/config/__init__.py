@@ -16,10 +16,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from klgrad.config import sections
-from klgrad.config.sections import AlgoConfig as AlgoConfig
-from klgrad.config.sections import Config
-from klgrad.config.sections import KLConfig as KLConfig
-from klgrad.config.sections import KLHeadOptions as KLHeadOptions
+from klgrad.config.sections import AlgoConfig, Config, KLConfig, KLHeadOptions  # noqa: F401 (the records' home)
 
 
 class ConfigError(ValueError):

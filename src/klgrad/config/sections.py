@@ -7,10 +7,11 @@ import importlib.util
 from dataclasses import field
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 from pydantic.dataclasses import dataclass
 
 from klgrad import choices as c
+from klgrad.stopping import check_stop_rule
 
 # strict types (no "5" -> 5, no 1 -> true), no unknown keys, finite numbers, field docs from the source
 RULES = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
@@ -29,8 +30,7 @@ def require(rules: list[tuple[bool, str, str]]) -> None:
 @record
 class ModelConfig:
     path: str | None = None
-    """Model to start from: a local HF folder, a known name (smollm2-135m-instruct), a .gguf file, a Hugging Face id;
-    null = the embedded tiny reference of data.task (docs/models.md). Never runs the model's own code."""
+    """A local HF folder, smollm2-135m-instruct, a .gguf, an HF id; null = data.task's embedded model (docs/models)."""
     dtype: c.ModelDtype = "float32"
     """Parameter dtype (CPU: float32)."""
     attn_implementation: c.AttnImplementation = "auto"
@@ -236,6 +236,10 @@ class TrainConfig:
     """Samples per held-out prompt behind eval/sampled_* and the KL estimates (more: finer on a small held-out set)."""
     save_every: AtLeastOne = 50
     """Checkpoint period (steps); the last step is always saved."""
+    keep_checkpoints: AtLeastOne | None = None
+    """Keep only the newest N checkpoints (older ones go once a newer one is complete); null = keep all."""
+    stop_when: Annotated[str, AfterValidator(check_stop_rule)] | None = None
+    """Stop at 'METRIC OP VALUE [for K]' (e.g. 'kl/k1 > 5 for 3'; saved, in summary.json 'stopped'); null = never."""
     out_dir: str = "runs/train"
     """Run directory (metrics, curves, checkpoints, resolved config)."""
     tensorboard: bool = True
@@ -243,15 +247,13 @@ class TrainConfig:
     wandb: bool = False
     """Also log to Weights & Biases (when installed)."""
     threads: AtLeastOne | Literal["auto"] | None = "auto"
-    """torch CPU threads: 'auto' = this process's share of the free cores, re-decided every step
-    (docs/performance.md); N = exactly N (bit-identical reruns); null = torch's own (OMP_NUM_THREADS)."""
+    """torch threads: 'auto' = this process's share of the free cores, re-decided each step; N = N; null = torch's."""
     max_skipped_steps: AtLeastOne = 3
     """Stop (with a checkpoint) after this many consecutive steps whose update had a non-finite loss/gradient."""
     packing: bool = True
     """Log-prob passes compute real response positions only (docs/performance.md); false = the padded forward."""
     eval_objective_prompts: AtLeastZero | None = None
-    """Held-out prompts on which evaluation enumerates J_β = E[R] − β·KL(π‖π_ref) at kl.beta, J*, KL(π‖π*) (eval/J,
-    eval/J_star, eval/kl_to_optimum, eval/exact_kl); 0 = off; null = 20 if max_new_tokens ≤ 10, β > 0 and top_p = 1."""
+    """Held-out prompts on which each evaluation enumerates J_β, J*, KL(π‖π*) at kl.beta; 0 = off; null = auto."""
 
 
 @record

@@ -95,6 +95,20 @@ def save_checkpoint(
     return final
 
 
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (``step_*`` folders whose ``checksums.json``
+    exists; checksums are not re-hashed here) of ``run_dir``; returns the deleted folders. Call it after a save
+    has completed, so the newest valid checkpoint is never the one deleted (``train.keep_checkpoints``)."""
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1, got {keep}")
+    root = run_dir / "checkpoints"
+    complete = sorted(p for p in root.glob("step_*") if (p / "checksums.json").is_file()) if root.is_dir() else []
+    old = complete[:-keep]
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest checkpoint whose checksums verify; torn or corrupt ones are skipped (the ``latest`` pointer is
     only a hint for people: a kill between the folder rename and the pointer update leaves it one behind)."""

@@ -42,8 +42,9 @@ from klgrad.rollout.batch import Rollout
 from klgrad.rollout.encoding import decode_responses, encode_prompts
 from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.runlock import RunLockedError, run_lock
+from klgrad.stopping import StopRule, parse_stop_rule, stop_point
 from klgrad.threads import CpuShare
-from klgrad.trainer.checkpoints import save_checkpoint
+from klgrad.trainer.checkpoints import prune_checkpoints, save_checkpoint
 from klgrad.trainer.draws import draw_prompts, pad_responses, rollout_uniforms, step_generator
 from klgrad.trainer.evaluation import evaluate
 from klgrad.trainer.faults import Hooks
@@ -186,11 +187,13 @@ def run_steps(run: Run, progress: bool, stop_after: int | None, cpu: CpuShare | 
         dynamic_ncols=True,
     )
     steps_done = consecutive_skips = 0
+    rule = parse_stop_rule(cfg.train.stop_when) if cfg.train.stop_when else None
+    history = stop_history(read_jsonl(run.record.metrics_path), rule) if rule and dist.is_main else []
     for step in bar:
         adapt_threads(cpu)
         record, stats = train_step(run, step)
         record["cpu/threads"] = torch.get_num_threads()
-        end_of_step(run, step + 1, record)
+        stopped = end_of_step(run, step + 1, record, rule, history)
         bar.set_postfix(
             reward=f"{record['reward/mean']:.3f}",
             kl=f"{record['kl/k1']:.3f}",
@@ -199,7 +202,7 @@ def run_steps(run: Run, progress: bool, stop_after: int | None, cpu: CpuShare | 
         consecutive_skips = consecutive_skips + 1 if stats.skipped_updates else 0
         stop_if_not_finite(run, step + 1, stats, consecutive_skips)
         steps_done += 1
-        if stop_after is not None and steps_done >= stop_after:
+        if stopped or (stop_after is not None and steps_done >= stop_after):
             break
     bar.close()
     run.record.close()
@@ -347,23 +350,54 @@ def evaluate_policy(run: Run) -> dict:
     return out
 
 
-def end_of_step(run: Run, step: int, record: dict) -> None:
+def stop_history(records: list[dict], rule: StopRule | None) -> list[dict]:
+    """The records a resumed run's ``train.stop_when`` continues from: step and metric of those logging it."""
+    if rule is None:
+        return []
+    return [{"step": r["step"], rule.metric: r[rule.metric]} for r in records if rule.metric in r]
+
+
+def stop_due(rule: StopRule | None, history: list[dict], record: dict, step: int) -> bool:
+    """Append ``record``'s value of the rule's metric to ``history`` (when it logs it) and say whether the rule
+    first holds at ``step`` (:func:`klgrad.stopping.stop_point`)."""
+    if rule is None or rule.metric not in record:
+        return False
+    history.append({"step": step, rule.metric: record[rule.metric]})
+    hit = stop_point(history, rule)
+    return hit is not None and hit["step"] == step
+
+
+def end_of_step(
+    run: Run, step: int, record: dict, rule: StopRule | None = None, history: list[dict] | None = None
+) -> bool:
     """After the update of record step ``step``: adapt β, reset the reference when due, evaluate when due,
-    write the record, checkpoint when due."""
+    write the record, checkpoint when due. Returns True when ``train.stop_when`` (``rule``, its metric's
+    logged values in ``history``) stops the run here: that step is then evaluated and saved like the last.
+    A batch metric is checked before the evaluation (so a stop evaluates), an ``eval/`` one after it. Only rank 0
+    holds the records, so its decision goes to every rank."""
     cfg = run.cfg
+    history = [] if history is None else history
     if cfg.kl.target_kl is not None:  # the β in force: the run's kl record replaced, never a second β
         beta = adaptive_beta(cfg.kl.beta, record["kl/k1"], cfg.kl.target_kl, cfg.kl.adapt_rate)
         run.cfg = dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, beta=beta))
     if cfg.kl.reset_ref_every and step % cfg.kl.reset_ref_every == 0:
         run.ref.load_state_dict(run.policy.state_dict())
-    last = step == cfg.train.steps
+    stop = False
+    if run.dist.is_main and rule is not None and not rule.metric.startswith("eval/"):
+        stop = stop_due(rule, history, finite_or_none(record), step)
+    last = step == cfg.train.steps or stop
     if run.dist.is_main and ((cfg.train.eval_every and step % cfg.train.eval_every == 0) or last):
         record.update(evaluate_policy(run))
     record.update(finite_or_none(record))
+    if run.dist.is_main and rule is not None and rule.metric.startswith("eval/"):
+        stop = stop_due(rule, history, record, step)
+    if rule is not None:
+        stop = bool(run.dist.gather_objects(stop)[0])  # rank 0's decision, on every rank
     run.record.write(record)
     run.hooks.at("log", step)
-    if step % cfg.train.save_every == 0 or last:
+    if step % cfg.train.save_every == 0 or last or stop:
         checkpoint(run, step)
+    return stop
 
 
 def checkpoint(run: Run, step: int) -> Path:
@@ -382,6 +416,8 @@ def checkpoint(run: Run, step: int) -> Path:
             save_ref=cfg.kl.reset_ref_every is not None,
             hooks=run.hooks,
         )
+        if run.cfg.train.keep_checkpoints:  # the new one is complete: older ones may go
+            prune_checkpoints(run.run_dir, run.cfg.train.keep_checkpoints)
     else:
         path = run.run_dir / "checkpoints" / f"step_{step:06d}"
     run.dist.barrier()  # nobody moves on (or exits) while rank 0 writes

@@ -315,10 +315,25 @@ def plot_curves(records: list[dict], path: Path, title: str) -> None:
     save(fig, path, dpi=110)
 
 
+def stopped_at(records: list[dict], stop_when: str | None) -> dict | None:
+    """``train.stop_when``'s stop (:func:`klgrad.stopping.stop_point`) when the run ends at it, else None (a run
+    stopped there and resumed on past it did not stop)."""
+    if not stop_when or not records:
+        return None
+    from klgrad.stopping import parse_stop_rule, stop_point
+
+    hit = stop_point(records, parse_stop_rule(stop_when))
+    return hit if hit is not None and hit["step"] == records[-1]["step"] else None
+
+
 def finish_run(cfg: Config, run_dir: Path) -> dict:
-    """summary.json and curves.png from metrics.jsonl; returns the summary."""
+    """summary.json and curves.png from metrics.jsonl; returns the summary (with ``stopped`` when
+    ``train.stop_when`` ended the run)."""
     records = read_jsonl(run_dir / "metrics.jsonl")
     summary = summarize(records)
+    stop = stopped_at(records, cfg.train.stop_when)
+    if stop is not None:
+        summary["stopped"] = stop
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if records:
         plot_curves(

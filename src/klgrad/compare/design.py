@@ -1,0 +1,133 @@
+"""``OUT/grid.json``: a grid's design and provenance, written before any run and checked on every continuation.
+
+It records the revision of the klgrad code that runs (:func:`klgrad.compare.provenance.source_revision`) and
+whether it runs pinned, the machine, the base config (its path, and the resolved fields every run shares), the
+methods, seeds, betas, level, dotted overrides, the equivalence margin, the final-KL sizes, the primary hypothesis
+and the convergence criterion, and one ``sessions`` entry per invocation (time, machine, revision, steps, seeds).
+
+A continuation (the same ``--out`` again, a larger ``--steps``, more seeds or methods) must agree with it
+(:func:`settle_design`): the same code (the same package content, else the same revision name;
+:func:`klgrad.compare.provenance.same_code`; else :class:`GridMismatchError` naming both; a grid recorded as
+pinned also refuses a dirty tree unless allowed), the same config, level,
+betas, overrides, margin, final-KL sizes, primary hypothesis and convergence criterion; ``steps`` may only grow
+(every run is then extended), seeds and methods may be added. A primary hypothesis or criterion not given is taken
+from the record; a primary hypothesis cannot be added once a run exists (it would not be pre-registered). Before
+any run exists only the revision is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+from klgrad.compare.provenance import same_code
+
+GRID_FILE = "grid.json"
+FIXED_FIELDS = (
+    "config",
+    "resolved_config",
+    "level",
+    "betas",
+    "overrides",
+    "margin",
+    "exact_prompts",
+    "estimate_samples",
+    "primary",
+    "convergence",
+)
+"""Design fields a continuation must leave as they are."""
+INHERITED_FIELDS = ("primary", "convergence")
+"""Fields a continuation may omit (None): they are then the record's."""
+STEP_FIELDS = ("steps", "eval_every", "save_every", "out_dir", "seed", "keep_checkpoints")
+"""``train.*`` fields left out of ``resolved_config``: set per run or from ``--steps``."""
+
+
+class GridMismatchError(ValueError):
+    """A continuation or merge that does not agree with a grid's record (exit 2 on the command line)."""
+
+
+def now() -> str:
+    """UTC time, ISO 8601 to the second."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+def shared_config(resolved: dict) -> dict:
+    """The resolved config without the ``train`` fields that depend on the run or on ``--steps``
+    (:data:`STEP_FIELDS`)."""
+    out = {k: v for k, v in resolved.items() if k != "train"}
+    out["train"] = {k: v for k, v in resolved.get("train", {}).items() if k not in STEP_FIELDS}
+    return out
+
+
+def read_grid(out_dir: Path) -> dict | None:
+    """The grid's record, or None when ``out_dir`` holds none."""
+    path = out_dir / GRID_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON atomically (a temporary file, then rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def revision_hint(recorded: dict) -> str:
+    """How to continue a grid recorded at ``recorded`` (grid.json's ``revision``)."""
+    if recorded.get("commit") and not recorded.get("dirty"):
+        return f"continue it with `klgrad compare --pin {recorded['commit']} ...` (same flags)"
+    return "its code was a dirty tree, which cannot be recreated: start a new grid (another --out)"
+
+
+def check_revision(old: dict, new: dict, what: str) -> None:
+    """Raise :class:`GridMismatchError` unless the two records run the same code
+    (:func:`~klgrad.compare.provenance.same_code`: the same revision, or the same package content)."""
+    a, b = old["revision"]["revision"], new["revision"]["revision"]
+    if not same_code(old["revision"], new["revision"]):
+        raise GridMismatchError(
+            f"{what} was run at revision {a}; this klgrad ({new['revision']['source']}) is {b}. Runs of one grid "
+            f"must share one revision: {revision_hint(old['revision'])}"
+        )
+
+
+def settle_design(
+    old: dict | None, new: dict, has_runs: bool, where: str = "the grid", allow_dirty: bool = False
+) -> dict:
+    """The record to write for a continuation of ``old`` by ``new`` (module docstring for the rules); raises
+    :class:`GridMismatchError` naming the field and both values. A grid recorded as pinned refuses a dirty tree
+    (even one whose package files are the commit's) unless ``allow_dirty``."""
+    if (old is None or old.get("primary") is None) and new.get("primary") is not None and has_runs:
+        raise GridMismatchError(
+            f"{where} has runs already: a primary hypothesis stated now would not be pre-registered; "
+            "start a new grid (another --out) to state one"
+        )
+    if old is None:
+        return {**new, "sessions": [new["session"]]}
+    check_revision(old, new, where)
+    if old.get("pinned") and new["revision"].get("dirty") and not allow_dirty:
+        raise GridMismatchError(
+            f"{where} is a pinned grid and this klgrad ({new['revision']['source']}) is a dirty tree "
+            f"({new['revision']['revision']}): {revision_hint(old['revision'])}, or pass --allow-dirty"
+        )
+    new = dict(new)
+    for k in INHERITED_FIELDS:
+        if new.get(k) is None and old.get(k) is not None:
+            new[k] = old[k]
+    for k in FIXED_FIELDS if has_runs else ():  # before any run the design may still change
+        if old.get(k) != new.get(k):
+            raise GridMismatchError(f"{where} records {k} = {old.get(k)!r}; this invocation has {new.get(k)!r}")
+    if new["steps"] < old["steps"]:
+        raise GridMismatchError(
+            f"{where} records {old['steps']} steps; --steps {new['steps']} would shorten it (only extension is allowed)"
+        )
+    methods = list(old["methods"]) + [m for m in new["methods"] if m not in old["methods"]]
+    return {
+        **new,
+        "revision": old["revision"],  # the grid's; each session's own is in "sessions"
+        "methods": methods,
+        "seeds": max(old["seeds"], new["seeds"]),
+        "created": old.get("created", new["created"]),
+        "sessions": [*old.get("sessions", []), new["session"]],
+    }

@@ -1,0 +1,200 @@
+"""Long grids on tiny runs (the shipped tiny model, 4 prompts × 4 answers, 1–4 steps): a grid extended to more
+steps, a grid killed mid-run and resumed from its periodic checkpoint, seeds run apart and merged, a grid refused
+at another revision, the primary hypothesis on record before the first run, and a run stopped by its criterion."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+import klgrad.compare.grid as grid_module
+from klgrad.cli import main
+from klgrad.compare.convergence import ConvergenceCriterion
+from klgrad.compare.design import GridMismatchError
+from klgrad.compare.grid import run_compare
+from klgrad.compare.merge import merge_grids
+from klgrad.compare.provenance import Revision, source_revision
+from klgrad.trainer import latest_checkpoint, read_jsonl, train
+from tests.helpers.tiny_runs import small
+
+SMALL = {
+    "data.n_eval": 8,
+    "data.n_train": 200,
+    "rollout.prompts_per_step": 4,
+    "rollout.group_size": 4,
+    "algo.micro_batch_size": 16,
+    "train.eval_objective_prompts": 3,
+    "train.threads": 1,  # one thread count whatever the load: reruns compared bit for bit
+}
+KW = dict(exact_prompts=3, estimate_samples=4, progress=False, level="sequence", extra_overrides=SMALL)
+
+
+def stable(records: list[dict]) -> list[dict]:
+    """Records without wall-clock timings."""
+    return [{k: v for k, v in r.items() if not k.startswith("time/") and k != "tokens_per_s"} for r in records]
+
+
+def numbers(final: dict) -> dict:
+    """final.json without where it ran."""
+    return {k: v for k, v in final.items() if k not in ("ran_on", "final_on")}
+
+
+@pytest.mark.slow
+def test_a_larger_steps_extends_every_run_and_leaves_the_earlier_steps_alone(tmp_path):
+    out = tmp_path / "g"
+    kw = dict(seeds=2, methods=("k2_as_loss", "k3_as_loss"), **KW)
+    run_compare(out, steps=2, **kw)
+    runs = sorted((out / "runs").iterdir())
+    before = {d.name: read_jsonl(d / "metrics.jsonl") for d in runs}
+    summary = run_compare(out, steps=4, **kw)
+    for d in runs:
+        after = read_jsonl(d / "metrics.jsonl")
+        assert [r["step"] for r in after] == [0, 1, 2, 3, 4]
+        assert after[:3] == before[d.name]  # steps 0–2 exactly as the 2-step grid logged them
+        assert json.loads((d / "final.json").read_text())["steps"] == 4
+        assert json.loads((d / "final.step2.json").read_text())["steps"] == 2  # the 2-step numbers, kept
+        assert [p.name for p in (d / "checkpoints").glob("step_*")] == ["step_000004"]  # older ones pruned
+        assert "steps: 4" in (d / "config.yaml").read_text()  # the extension is recorded
+        prov = read_jsonl(d / "provenance.jsonl")
+        assert [(p["from_step"], p["to_step"]) for p in prov] == [(0, 2), (2, 4)]
+        assert prov[0]["revision"] == source_revision().name
+    grid = json.loads((out / "grid.json").read_text())
+    assert (grid["steps"], grid["cadence_steps"], len(grid["sessions"])) == (4, 2, 2)
+    assert summary["steps"] == 4
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["convergence"]["steps"] == 4
+    assert saved["convergence"]["criterion"] == ConvergenceCriterion().text()
+    assert set(saved["convergence"]["by_method"]) == {"k2_as_loss", "k3_as_loss"}
+    assert len(saved["runs"]) == 4
+
+
+@pytest.mark.slow
+def test_a_grid_killed_mid_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    kw = dict(seeds=1, steps=4, methods=("k2_as_loss",), **KW)
+    run_compare(tmp_path / "whole", **kw)
+    real = grid_module.train
+
+    def killed(cfg, **kwargs):  # the process dies after step 3 (its checkpoint written)
+        real(cfg, stop_after=3, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(grid_module, "train", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(tmp_path / "cut", **kw)
+    run = tmp_path / "cut" / "runs" / "k2_as_loss-beta0.5-seed0"
+    assert not (run / "final.json").exists()
+    assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_000003"]  # periodic, newest kept
+    monkeypatch.setattr(grid_module, "train", real)
+    run_compare(tmp_path / "cut", **kw)
+    whole = tmp_path / "whole" / "runs" / "k2_as_loss-beta0.5-seed0"
+    assert stable(read_jsonl(run / "metrics.jsonl")) == stable(read_jsonl(whole / "metrics.jsonl"))
+    cut, ref = (json.loads((d / "final.json").read_text()) for d in (run, whole))
+    assert numbers(cut) == numbers(ref)
+    assert [(p["from_step"], p["to_step"]) for p in read_jsonl(run / "provenance.jsonl")] == [(3, 4)]
+
+
+@pytest.mark.slow
+def test_seeds_run_apart_merge_into_one_summary_and_another_revision_is_refused(tmp_path):
+    kw = dict(seeds=2, steps=1, methods=("k2_as_loss", "k3_as_loss"), primary="k2_as_loss<k3_as_loss:kl", **KW)
+    seen = []
+
+    def downstream(cfg, run_dir):  # a downstream evaluation needs the weights: they are still there
+        seen.append(latest_checkpoint(run_dir) is not None)
+        return {"checkpoint_seen": seen[-1]}
+
+    run_compare(tmp_path / "a", only_seeds=[0], **kw)
+    run_compare(tmp_path / "b", only_seeds=[1], keep_checkpoints=False, final_hooks={"downstream": downstream}, **kw)
+    assert seen == [True, True]
+    for m in ("k2_as_loss", "k3_as_loss"):
+        run_b = tmp_path / "b" / "runs" / f"{m}-beta0.5-seed1"
+        assert not (run_b / "checkpoints").exists()  # deleted after final.json and the hook
+        assert json.loads((run_b / "final.json").read_text())["downstream"] == {"checkpoint_seen": True}
+    with pytest.raises(ValueError, match="no checkpoint left"):  # --no-checkpoints: cannot be extended
+        run_compare(tmp_path / "b", only_seeds=[1], keep_checkpoints=False, **{**kw, "steps": 2})
+    assert json.loads((tmp_path / "b" / "grid.json").read_text())["steps"] == 1  # refused before the record
+
+    summary = merge_grids([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert sorted((r["method"], r["seed"]) for r in saved["runs"]) == [
+        ("k2_as_loss", 0),
+        ("k2_as_loss", 1),
+        ("k3_as_loss", 0),
+        ("k3_as_loss", 1),
+    ]
+    assert summary["primary"]["n_pairs"] == 2  # one seed from each machine, paired
+    assert saved["revision"] == source_revision().name
+    assert all(r["ran_on"] for r in saved["runs"])  # each run names the machine that trained it
+    merged = json.loads((tmp_path / "m" / "grid.json").read_text())
+    assert merged["revision"]["revision"] == source_revision().name
+    assert len(merged["sessions"]) == 2
+    assert merged["merged_from"][0]["inputs"] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert not list((tmp_path / "m" / "runs").glob("*/checkpoints"))  # weights are not copied
+
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
+    record = json.loads((tmp_path / "c" / "grid.json").read_text())
+    record["revision"]["revision"] = record["revision"]["commit"] = "0" * 40
+    record["revision"]["content"] = "1" * 64  # other code, not only another name
+    (tmp_path / "c" / "grid.json").write_text(json.dumps(record))
+    with pytest.raises(GridMismatchError, match=f"/a was run at revision .*/c at revision {'0' * 40}"):
+        merge_grids([tmp_path / "a", tmp_path / "c"], tmp_path / "m2")
+    assert not (tmp_path / "m2" / "summary.json").exists()
+
+
+def test_a_grid_refuses_to_continue_at_another_revision(tmp_path, monkeypatch, capsys):
+    """No training: each run is skipped (ensure_run replaced); the record is what is checked."""
+    monkeypatch.setattr(grid_module, "ensure_run", lambda cfg, steps, **kw: {})
+    out = tmp_path / "g"
+    pinned = Revision("f" * 40, "f" * 40, False, "/pins/ffff/src/klgrad")
+    run_compare(out, seeds=2, steps=2, methods=("k2_as_loss", "k3_as_loss"), revision=pinned, **KW)
+    grid = json.loads((out / "grid.json").read_text())
+    assert grid["revision"] == pinned.as_dict()
+    assert grid["machine"]["cpu"]["model"] is not None or grid["machine"]["cpu"]["cores"] >= 0
+    assert {"avx2", "avx512", "model"} <= set(grid["machine"]["cpu"])
+    (out / "runs" / "k2_as_loss-beta0.5-seed0").mkdir(parents=True)
+    (out / "runs" / "k2_as_loss-beta0.5-seed0" / "metrics.jsonl").write_text("")
+    flags = ["--seeds", "2", "--steps", "2", "--methods", "k2_as_loss,k3_as_loss", "--level", "sequence"]
+    assert main(["compare", "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"run at revision {'f' * 40}" in err
+    assert f"is {source_revision().name}" in err
+    assert f"--pin {'f' * 40}" in err
+    assert json.loads((out / "grid.json").read_text()) == grid  # untouched
+
+
+def test_the_primary_hypothesis_and_criterion_are_on_record_before_the_first_run(tmp_path, monkeypatch):
+    out = tmp_path / "g"
+    seen = []
+
+    def first_run(cfg, steps, **kw):
+        seen.append((json.loads((out / "grid.json").read_text()), json.loads((out / "summary.json").read_text())))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(grid_module, "ensure_run", first_run)
+    crit = ConvergenceCriterion(gap=0.08)
+    kw = dict(seeds=8, steps=2, methods=("none", "k2_as_loss", "k3_as_loss"), convergence=crit, **KW)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(out, primary="k2_as_loss<k3_as_loss:kl", **kw)
+    ((grid, summary),) = seen
+    assert grid["primary"]["text"] == "k2_as_loss<k3_as_loss:kl"
+    assert summary["primary"] == grid["primary"]
+    assert summary["status"].startswith("registered")
+    assert summary["convergence"] == {"criterion": crit.text(), "met": None, "steps": 2, "parameters": crit.as_dict()}
+    assert summary["registered_at"] == grid["created"]
+    assert grid["convergence"] == crit.as_dict()
+
+
+@pytest.mark.slow
+def test_a_run_stops_on_its_stated_criterion(tmp_path):
+    s = train(small(tmp_path / "a", **{"train.stop_when": "kl/k1 > -1"}), progress=False)  # holds at step 1
+    assert s["steps"] == 1
+    assert s["stopped"]["step"] == 1
+    assert s["stopped"]["criterion"] == "kl/k1 > -1"
+    run = tmp_path / "a" / "run"
+    assert json.loads((run / "summary.json").read_text())["stopped"] == s["stopped"]
+    assert latest_checkpoint(run).name == "step_000001"  # saved like a last step
+    assert "eval/greedy_accuracy" in read_jsonl(run / "metrics.jsonl")[-1]  # and evaluated like one
+    s = train(small(tmp_path / "b", **{"train.stop_when": "eval/greedy_accuracy >= 0"}), progress=False)
+    assert s["steps"] == 2  # eval metrics exist at evaluation steps (train.eval_every 2)
+    assert s["stopped"]["step"] == 2
