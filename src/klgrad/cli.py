@@ -549,14 +549,17 @@ def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
     except (ValueError, OSError, RunLockedError) as e:
         print(f"klgrad regime: {e}", file=sys.stderr)
         return 2
-    kl, ci = result["predicted_kl"], result["interval_95"]
+    kl, fkl, ci = result["predicted_kl"], result["predicted_forward_kl"], result["interval_95"]
     print(
         f"{result['n_prompts']} prompts x {result['samples_per_prompt']} samples: reference success rate "
         f"{result['success_rate']:.3f} ({result['prompts_never_rewarded']} prompts never rewarded)\n"
         f"predicted KL to the reference at beta={result['beta']:g}: k1_in_reward/k2_as_loss {kl['reverse']:.4f} "
         f"[{ci['reverse'][0]:.4f}, {ci['reverse'][1]:.4f}], k3 {kl['forward']:.4f} "
-        f"[{ci['forward'][0]:.4f}, {ci['forward'][1]:.4f}]\ncloser to the reference: {result['closer']}\n"
-        f"wrote {out}/regime.json, regime.png"
+        f"[{ci['forward'][0]:.4f}, {ci['forward'][1]:.4f}]\n"
+        f"forward KL(ref||fixed point): k1_in_reward/k2_as_loss {fkl['reverse']:.4f} "
+        f"[{ci['forward_kl_reverse'][0]:.4f}, {ci['forward_kl_reverse'][1]:.4f}], k3 {fkl['forward']:.4f} "
+        f"[{ci['forward_kl_forward'][0]:.4f}, {ci['forward_kl_forward'][1]:.4f}]\n"
+        f"closer to the reference: {result['closer']}\nwrote {out}/regime.json, regime.png"
     )
     return 0
 
