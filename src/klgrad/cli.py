@@ -207,6 +207,22 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         help="equivalence margin of 'k1_as_loss ~ none', nats of final KL, stated before the runs (default 0.1)",
     )
     c.add_argument(
+        "--optimum-ref-samples",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also estimate each final policy's KL to the optimum pi* of J_beta from samples, log Z from K reference "
+        "samples per held-out prompt (>= 256 advised; default 0: off; the exact value is reported for short answers)",
+    )
+    c.add_argument(
+        "--forgetting-samples",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure KL(pi||pi_ref) and KL(pi_ref||pi) on the shipped general chat prompts, N samples per "
+        "prompt in each direction (default 0: off)",
+    )
+    c.add_argument(
         "--no-checkpoints",
         action="store_true",
         help="delete each run's checkpoints once its final numbers are written (a real model's are GBs per run)",
@@ -233,11 +249,13 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
         or args.kl_prompts < 1
         or args.kl_samples < 2
         or (args.margin is not None and not args.margin > 0)
+        or any(n == 1 or n < 0 for n in (args.optimum_ref_samples, args.forgetting_samples))
     ):
         why = (
             f"unknown methods {bad}; choose from {list(METHODS)}"
             if bad
-            else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0"
+            else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0, "
+            "--optimum-ref-samples and --forgetting-samples 0 or >= 2"
         )
     try:
         extra = parse_override_args(overrides)
@@ -264,6 +282,8 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
             estimate_samples=args.kl_samples,
             extra_overrides=extra,
             keep_checkpoints=not args.no_checkpoints,
+            optimum_ref_samples=args.optimum_ref_samples,
+            forgetting_samples=args.forgetting_samples,
             **({} if args.margin is None else {"margin": args.margin}),
         )
     except (ValueError, RunLockedError) as e:
