@@ -353,9 +353,11 @@ def test_cli_rejects_bad_grids(capsys, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.numerics
-def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
+@pytest.mark.parametrize("max_new_tokens", [8, 12])
+def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_tokens):
     """kl.reset_ref_every = 2 with 2 steps: the reference is reset to the policy after the last step, so the
-    run ends regularised towards itself and its final KL is exactly 0 (the policy did move: lr 1e-3)."""
+    run ends regularised towards itself and its final KL is exactly 0 (the policy did move: lr 1e-3), in both
+    directions: enumerated at 8 tokens, stepwise along policy and reference samples at 12 (> 10: not enumerated)."""
     from safetensors.torch import load_file
 
     from klgrad.compare.grid import final_kl
@@ -373,6 +375,7 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
         "train.tensorboard": False,
         "optim.lr": 1e-3,
         "kl.reset_ref_every": 2,
+        "rollout.max_new_tokens": max_new_tokens,
     }
     cfg = load_config("configs/tiny_add.yaml", over)
     train(cfg, progress=False)
@@ -383,17 +386,24 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
     )
     assert any(not torch.equal(policy[k], start[k]) for k in policy if k in start)  # the policy moved
     out = final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4, optimum_ref_samples=256, forgetting_samples=2)
-    assert out["exact_kl"] == 0.0
     assert out["forward_kl"] == 0.0
-    assert out["objective"]["kl"] == 0.0  # judged against the reset reference too
-    # the optional metrics: the policy is its reference, so both chat-prompt KLs are exactly 0, and the sampled
-    # KL(π‖π*) = KL(π_ref‖π*) = log Z − E_ref[R]/β lands within 4 of its SEs of the exact one (tests/exact/
-    # test_estimators.py derives the band), plus exact_objective's own pruning error
+    # the optional metrics: the policy is its reference, so both chat-prompt KLs are exactly 0
     assert (out["forgetting_reverse_kl"], out["forgetting_forward_kl"]) == (0.0, 0.0)
     assert out["forgetting"]["n_prompts"] == 32
-    est, obj = out["objective_sampled"], out["objective"]
+    est = out["objective_sampled"]
     assert est["ref_samples"] == 256
     assert out["kl_to_optimum_sampled"] == est["kl_to_optimum"]
+    assert est["kl"] == 0.0
+    if max_new_tokens > 10:  # not enumerated: the stepwise estimates, the reverse one on policy samples
+        assert "exact_kl" not in out
+        assert "objective" not in out
+        assert (out["stepwise_kl"], out["stepwise_kl_se"], out["forward_kl_se"]) == (0.0, 0.0, 0.0)
+        return
+    assert out["exact_kl"] == 0.0
+    obj = out["objective"]
+    assert obj["kl"] == 0.0  # judged against the reset reference too
+    # the sampled KL(π‖π*) = KL(π_ref‖π*) = log Z − E_ref[R]/β lands within 4 of its SEs of the exact one
+    # (tests/exact/test_estimators.py derives the band), plus exact_objective's own pruning error
     slack = (obj["reward_error"] + obj["J_star_error"]) / cfg.kl.beta
     assert abs(est["kl_to_optimum"] - obj["kl_to_optimum"]) <= 4 * est["kl_to_optimum_se"] + slack
     # sampled: the sampler's KV-cache log-probs vs a full forward of the same weights, float32 rounding only

@@ -276,3 +276,20 @@ def test_forgetting_kl_against_the_tree_in_both_directions():
     assert out["forward_kl"] > 10 * out["forward_kl_se"]
     assert 0.0 <= out["truncated_policy"] <= 1.0
     assert 1.0 <= out["length_reference"] <= MAX_NEW_TOKENS
+
+
+def test_module_entry_point_writes_both_kls(tmp_path, capsys):
+    """``python -m klgrad.exact.estimators``: a model folder against itself on two prompts: 0 both ways, as JSON."""
+    import json
+
+    from klgrad.exact.estimators import main
+    from klgrad.models.sources import EMBEDDED_DIR
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+2="}\n{"prompt": "33+4="}\n', encoding="utf-8")
+    model = str(EMBEDDED_DIR / "tiny_addition")
+    argv = ["--policy", model, "--reference", model, "--prompts", str(prompts), "--samples", "2"]
+    assert main([*argv, "--max-new-tokens", "4", "--out", str(tmp_path / "f.json")]) == 0
+    saved = json.loads((tmp_path / "f.json").read_text())
+    assert saved == json.loads(capsys.readouterr().out)
+    assert (saved["reverse_kl"], saved["forward_kl"], saved["n_prompts"]) == (0.0, 0.0, 2)
