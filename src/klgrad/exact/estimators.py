@@ -149,7 +149,8 @@ def kl_to_optimum_from_samples(
         ``{"kl_to_optimum", "kl_to_optimum_se", "kl_to_optimum_unseen_95": [lo, hi], "kl", "kl_se", "reward",
         "log_z", "log_z_se", "J", "J_star", "beta", "n_prompts", "prompts_never_rewarded",
         "prompts_always_rewarded", "per_prompt": [{"kl_to_optimum", "se", "kl", "reward", "log_z", "log_z_se",
-        "log_z_lo", "log_z_hi", "ref_reward_mean", "never_rewarded"}, ...]}``; every number a mean over prompts
+        "log_z_lo", "log_z_hi", "ref_reward_mean", "never_rewarded", "always_rewarded"}, ...]}``; every number a
+        mean over prompts
         except the SEs (of those means) and the counts. J = E_π[R] − β·KL(π‖π_ref) and J* = β·log Z, so
         J* − J = β·KL(π‖π*) holds for the estimates exactly.
     """
