@@ -207,6 +207,22 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         help="equivalence margin of 'k1_as_loss ~ none', nats of final KL, stated before the runs (default 0.1)",
     )
     c.add_argument(
+        "--optimum-ref-samples",
+        type=int,
+        default=0,
+        metavar="K",
+        help="also estimate each final policy's KL to the optimum pi* of J_beta from samples, log Z from K reference "
+        "samples per held-out prompt (>= 256 advised; default 0: off; the exact value is reported for short answers)",
+    )
+    c.add_argument(
+        "--forgetting-samples",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure KL(pi||pi_ref) and KL(pi_ref||pi) on the shipped general chat prompts, N samples per "
+        "prompt in each direction (default 0: off)",
+    )
+    c.add_argument(
         "--no-checkpoints",
         action="store_true",
         help="delete each run's checkpoints once its final numbers (and --final-hook evaluations) are written (a "
@@ -356,11 +372,13 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
         or args.kl_prompts < 1
         or args.kl_samples < 2
         or (args.margin is not None and not args.margin > 0)
+        or any(n == 1 or n < 0 for n in (args.optimum_ref_samples, args.forgetting_samples))
     ):
         why = (
             f"unknown methods {bad}; choose from {list(METHODS)}"
             if bad
-            else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0"
+            else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0, "
+            "--optimum-ref-samples and --forgetting-samples 0 or >= 2"
         )
     try:
         extra = parse_override_args(overrides)
@@ -406,6 +424,8 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
             convergence=convergence,
             final_hooks=hooks,
             allow_dirty=args.allow_dirty,
+            optimum_ref_samples=args.optimum_ref_samples,
+            forgetting_samples=args.forgetting_samples,
             **({} if args.margin is None else {"margin": args.margin}),
         )
     except (ValueError, RunLockedError) as e:
@@ -722,14 +742,17 @@ def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
     except (ValueError, OSError, RunLockedError) as e:
         print(f"klgrad regime: {e}", file=sys.stderr)
         return 2
-    kl, ci = result["predicted_kl"], result["interval_95"]
+    kl, fkl, ci = result["predicted_kl"], result["predicted_forward_kl"], result["interval_95"]
     print(
         f"{result['n_prompts']} prompts x {result['samples_per_prompt']} samples: reference success rate "
         f"{result['success_rate']:.3f} ({result['prompts_never_rewarded']} prompts never rewarded)\n"
         f"predicted KL to the reference at beta={result['beta']:g}: k1_in_reward/k2_as_loss {kl['reverse']:.4f} "
         f"[{ci['reverse'][0]:.4f}, {ci['reverse'][1]:.4f}], k3 {kl['forward']:.4f} "
-        f"[{ci['forward'][0]:.4f}, {ci['forward'][1]:.4f}]\ncloser to the reference: {result['closer']}\n"
-        f"wrote {out}/regime.json, regime.png"
+        f"[{ci['forward'][0]:.4f}, {ci['forward'][1]:.4f}]\n"
+        f"forward KL(ref||fixed point): k1_in_reward/k2_as_loss {fkl['reverse']:.4f} "
+        f"[{ci['forward_kl_reverse'][0]:.4f}, {ci['forward_kl_reverse'][1]:.4f}], k3 {fkl['forward']:.4f} "
+        f"[{ci['forward_kl_forward'][0]:.4f}, {ci['forward_kl_forward'][1]:.4f}]\n"
+        f"closer to the reference: {result['closer']}\nwrote {out}/regime.json, regime.png"
     )
     return 0
 

@@ -64,6 +64,7 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         assert obj["beta"] == 0.5  # the grid's β, method none included
         assert obj["n_prompts"] == 3
         assert obj["kl"] == r["exact_kl"]  # one enumeration gives both
+        assert r["forward_kl"] == obj["kl_forward"] >= -1e-9  # and the forward KL(π_ref‖π) beside it
         assert obj["J_star"] >= obj["J"]
         assert 0 <= obj["pruned_mass"] < 0.2
         # float64 sums over a few thousand outcomes of size ≤ ~10: rounding ~1e-12, far below 1e-10
@@ -78,6 +79,7 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         delta = network_tol(llama_depth(4), 512, 30.0)
         assert abs(evals[0]["eval/exact_kl"]) <= 8 * 2 * delta**2
     assert "kl_to_optimum" in summary["table"]["k2_as_loss@0.5"]
+    assert "forward_kl" in summary["table"]["k2_as_loss@0.5"]
     assert summary["kl_metric"] == "exact_kl"  # the answers are short: the KL is enumerated, not sampled
     # every prediction among none, k2_as_loss, k3_as_loss, in PREDICTIONS' order (k1_* claims need their methods)
     wanted = [c for c in PREDICTIONS if {c[2], c[3]} <= set(kw["methods"]) and c[1] == "less"]
@@ -339,6 +341,9 @@ def test_cli_rejects_bad_grids(capsys, tmp_path):
     for flag, value in (("--seeds", "1"), ("--steps", "0")):
         assert main(["compare", "--out", out, flag, value]) == 2
         assert "--seeds must be >= 2, --steps >= 1" in capsys.readouterr().err
+    for flag in ("--optimum-ref-samples", "--forgetting-samples"):  # 0 (off) or a sample with a spread
+        assert main(["compare", "--out", out, flag, "1"]) == 2
+        assert "--optimum-ref-samples and --forgetting-samples 0 or >= 2" in capsys.readouterr().err
     assert main(["compare", "--out", out, "--kl.beta", "0.1"]) == 2  # the grid sets it per run
     assert "['kl.beta'] are set by the grid per run" in capsys.readouterr().err
     assert main(["compare", "--out", out, "--rollout.prompts_per_stepp", "4"]) == 2  # a typo in a dotted field
@@ -348,9 +353,11 @@ def test_cli_rejects_bad_grids(capsys, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.numerics
-def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
+@pytest.mark.parametrize("max_new_tokens", [8, 12])
+def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_tokens):
     """kl.reset_ref_every = 2 with 2 steps: the reference is reset to the policy after the last step, so the
-    run ends regularised towards itself and its final KL is exactly 0 (the policy did move: lr 1e-3)."""
+    run ends regularised towards itself and its final KL is exactly 0 (the policy did move: lr 1e-3), in both
+    directions: enumerated at 8 tokens, stepwise along policy and reference samples at 12 (> 10: not enumerated)."""
     from safetensors.torch import load_file
 
     from klgrad.compare.grid import final_kl
@@ -368,6 +375,7 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
         "train.tensorboard": False,
         "optim.lr": 1e-3,
         "kl.reset_ref_every": 2,
+        "rollout.max_new_tokens": max_new_tokens,
     }
     cfg = load_config("configs/tiny_add.yaml", over)
     train(cfg, progress=False)
@@ -377,9 +385,27 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path):
         load_file(str(EMBEDDED_DIR / "tiny_addition" / "model.safetensors")),
     )
     assert any(not torch.equal(policy[k], start[k]) for k in policy if k in start)  # the policy moved
-    out = final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4)
+    out = final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4, optimum_ref_samples=256, forgetting_samples=2)
+    assert out["forward_kl"] == 0.0
+    # the optional metrics: the policy is its reference, so both chat-prompt KLs are exactly 0
+    assert (out["forgetting_reverse_kl"], out["forgetting_forward_kl"]) == (0.0, 0.0)
+    assert out["forgetting"]["n_prompts"] == 32
+    est = out["objective_sampled"]
+    assert est["ref_samples"] == 256
+    assert out["kl_to_optimum_sampled"] == est["kl_to_optimum"]
+    assert est["kl"] == 0.0
+    if max_new_tokens > 10:  # not enumerated: the stepwise estimates, the reverse one on policy samples
+        assert "exact_kl" not in out
+        assert "objective" not in out
+        assert (out["stepwise_kl"], out["stepwise_kl_se"], out["forward_kl_se"]) == (0.0, 0.0, 0.0)
+        return
     assert out["exact_kl"] == 0.0
-    assert out["objective"]["kl"] == 0.0  # judged against the reset reference too
+    obj = out["objective"]
+    assert obj["kl"] == 0.0  # judged against the reset reference too
+    # the sampled KL(π‖π*) = KL(π_ref‖π*) = log Z − E_ref[R]/β lands within 4 of its SEs of the exact one
+    # (tests/exact/test_estimators.py derives the band), plus exact_objective's own pruning error
+    slack = (obj["reward_error"] + obj["J_star_error"]) / cfg.kl.beta
+    assert abs(est["kl_to_optimum"] - obj["kl_to_optimum"]) <= 4 * est["kl_to_optimum_se"] + slack
     # sampled: the sampler's KV-cache log-probs vs a full forward of the same weights, float32 rounding only
     assert abs(out["sampled_k1"]) < 1e-5
     assert abs(out["sampled_k3"]) < 1e-5

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from klgrad.compare.regime import (
     binary_crossover,
+    fixed_point_forward_kls,
     fixed_point_kls,
     reward_masses,
     run_regime,
@@ -38,6 +39,23 @@ def test_worked_check(masses, reverse, forward):
     assert got[1] == pytest.approx(forward, abs=WORKED_TOL)
 
 
+@pytest.mark.parametrize(
+    ("masses", "reverse", "forward"),
+    [
+        # {1: 0.6, 0: 0.4}, β = 0.5: π* = (0.4, 0.6·e²)/(0.4 + 0.6·e²) = (0.0828, 0.9172); π_f = β·m/(λ − R) with
+        # λ² − 1.5λ + 0.2 = 0, λ = 1.3521: (0.1479, 0.8521). KL(π_ref‖·) = Σ m·log(m/π).
+        ([(1.0, 0.6), (0.0, 0.4)], 0.3756, 0.1875),
+        ([(1.0, 0.02), (0.0, 0.98)], 0.0803, 0.6328),
+    ],
+)
+def test_worked_check_forward_kl(masses, reverse, forward):
+    """KL(π_ref‖π*), KL(π_ref‖π_f) of the worked check (module docstring), by hand above."""
+    got = fixed_point_forward_kls(sorted(masses), beta=0.5)
+    assert got[0] == pytest.approx(reverse, abs=WORKED_TOL)
+    assert got[1] == pytest.approx(forward, abs=WORKED_TOL)
+    assert fixed_point_forward_kls([(1.0, 1.0)], 0.5) == (0.0, 0.0)
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     n_responses=st.integers(min_value=2, max_value=12),
@@ -56,6 +74,11 @@ def test_grouping_by_reward_value_is_exact(n_responses: int, seed: int, beta: fl
     full_forward = kl_divergence(forward_kl_optimum(ref, reward, beta)[0], ref)
     masses = sorted((float(v), float(ref[reward == v].sum())) for v in reward.unique())
     grouped = fixed_point_kls(masses, beta)
+    grouped_fkl = fixed_point_forward_kls(masses, beta)
+    full_fkl_reverse = kl_divergence(ref, reverse_kl_optimum(ref, reward, beta))
+    full_fkl_forward = kl_divergence(ref, forward_kl_optimum(ref, reward, beta)[0])
+    assert grouped_fkl[0] == pytest.approx(full_fkl_reverse, rel=1e-12, abs=1e-14)
+    assert grouped_fkl[1] == pytest.approx(full_fkl_forward, rel=1e-9, abs=1e-12)
     # float64: n ≤ 12 terms, each a product of a few roundings; 1e-12 relative is ~4500 ulps of slack
     assert grouped[0] == pytest.approx(full_reverse, rel=1e-12, abs=1e-14)
     assert grouped[1] == pytest.approx(full_forward, rel=1e-9, abs=1e-12)  # λ by bisection: ~1e-16 in λ, amplified
@@ -86,7 +109,14 @@ def test_summary_recomputes_from_its_masses_and_decides():
     assert result["success_rate"] == pytest.approx(0.6)
     for p in result["prompts"]:
         assert (p["kl_reverse"], p["kl_forward"]) == fixed_point_kls([tuple(m) for m in p["masses"]], 0.5)
+        masses = [tuple(m) for m in p["masses"]]
+        assert (p["forward_kl_reverse"], p["forward_kl_forward"]) == fixed_point_forward_kls(masses, 0.5)
     assert result["predicted_kl"]["reverse"] == pytest.approx(0.2589, abs=WORKED_TOL)
+    assert result["predicted_forward_kl"]["reverse"] == pytest.approx(0.3756, abs=WORKED_TOL)
+    assert result["predicted_forward_kl"]["forward"] == pytest.approx(0.1875, abs=WORKED_TOL)
+    for key in ("forward_kl_reverse", "forward_kl_forward"):
+        lo, hi = result["interval_95"][key]
+        assert lo <= hi
     lo, hi = result["interval_95"]["reverse"]
     assert lo <= result["predicted_kl"]["reverse"] <= hi
     discover = [[1.0] + [0.0] * 49 for _ in range(20)]  # 2% right
@@ -109,7 +139,16 @@ def test_regime_on_the_embedded_reference(tmp_path: Path):
     result = run_regime(cfg, tmp_path, beta=None, samples=16, prompts=16, seed=0)
     saved = json.loads((tmp_path / "regime.json").read_text())
     assert saved == json.loads(json.dumps(result))
-    for key in ("beta", "n_prompts", "samples_per_prompt", "success_rate", "predicted_kl", "closer", "prompts"):
+    for key in (
+        "beta",
+        "n_prompts",
+        "samples_per_prompt",
+        "success_rate",
+        "predicted_kl",
+        "predicted_forward_kl",
+        "closer",
+        "prompts",
+    ):
         assert key in saved
     assert saved["beta"] == cfg.kl.beta
     assert (saved["n_prompts"], saved["samples_per_prompt"]) == (16, 16)

@@ -60,6 +60,9 @@ def test_tree_kl_equals_brute_force(temperature):
         # float64 model, so the same prefix scores ~1e-9 differently inside sequences of different lengths.
         assert mass == pytest.approx(1.0, abs=1e-7)
         assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
+    for prompt, got in zip(prompts, res["per_prompt_forward"], strict=True):  # KL(π_ref‖π): the roles swapped
+        want, _ = brute_force_kl(ref, policy, prompt, temperature)
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
     assert res["pruned_mass"] < 1e-12  # nothing pruned (round-off of a float difference)
 
 
@@ -76,6 +79,7 @@ def test_identical_models_have_zero_kl():
     m = tiny(4)
     res = tree_kl(m, m, [[BOS, 3, 4]], eos_id=EOS, pad_id=PAD, max_new_tokens=T, prune=0.0)
     assert abs(res["kl"]) < 1e-12
+    assert abs(res["forward_kl"]) < 1e-12
 
 
 def all_responses() -> list[list[int]]:

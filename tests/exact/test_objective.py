@@ -54,7 +54,7 @@ def seq_logp(model, prompt: list[int], resp: list[int]) -> tuple[float, float]:
 
 
 def brute_force(policy, ref, prompt: list[int], beta: float) -> dict:
-    """J, J*, KL(π‖π_ref), KL(π‖π*) by their definitions, summed over every response with math.fsum."""
+    """J, J*, KL(π‖π_ref), KL(π_ref‖π), KL(π‖π*) by their definitions, summed over every response with math.fsum."""
     ys = all_responses()
     lp, lr, scale = [], [], 0.0
     for y in ys:
@@ -67,6 +67,7 @@ def brute_force(policy, ref, prompt: list[int], beta: float) -> dict:
     p = [math.exp(x) for x in lp]
     log_z = math.log(math.fsum(math.exp(b + ri / beta) for b, ri in zip(lr, r, strict=True)))
     kl = math.fsum(pi * (a - b) for pi, a, b in zip(p, lp, lr, strict=True))
+    kl_forward = math.fsum(math.exp(b) * (b - a) for a, b in zip(lp, lr, strict=True))
     kl_opt = math.fsum(pi * (a - (b + ri / beta - log_z)) for pi, a, b, ri in zip(p, lp, lr, r, strict=True))
     reward = math.fsum(pi * ri for pi, ri in zip(p, r, strict=True))
     log_ratio = max(abs(a - b) for a, b in zip(lp, lr, strict=True))
@@ -75,6 +76,7 @@ def brute_force(policy, ref, prompt: list[int], beta: float) -> dict:
         "J": reward - beta * kl,
         "J_star": beta * log_z,
         "kl": kl,
+        "kl_forward": kl_forward,
         "kl_to_optimum": kl_opt,
         "reward": reward,
         "logit_scale": scale,
@@ -108,7 +110,7 @@ def test_tree_objective_equals_brute_force(beta):
         s = 2 + want["max_log_ratio"] + R_RANGE[1] / beta
         tol = 2 * s * delta + sum_tol(want["n"], s, torch.float64)
         assert want["mass"] == pytest.approx(1.0, abs=want["n"] * 1e-15)  # every response enumerated
-        for key in ("J", "J_star", "kl", "kl_to_optimum", "reward"):
+        for key in ("J", "J_star", "kl", "kl_forward", "kl_to_optimum", "reward"):
             assert got[key] == pytest.approx(want[key], abs=tol), key
         assert got["J_star"] >= got["J"]
         assert got["reward_error"] == 0.0
@@ -193,6 +195,12 @@ def test_tree_kl_is_the_objectives_kl():
         obj = tree_objective(policy, ref, prompts, 0.5, prune)
         # the same float64 sums over the same outcomes in another grouping
         assert tk["per_prompt"] == pytest.approx([o["kl"] for o in obj], abs=1e-14)
+        assert tk["per_prompt_forward"] == pytest.approx([o["kl_forward"] for o in obj], abs=1e-14)
+        if prune > 0:  # coarse-graining lowers the forward KL too
+            exact = tree_kl(policy, ref, prompts, eos_id=EOS, pad_id=PAD, max_new_tokens=T, prune=0.0)
+            assert all(
+                a <= b + 1e-12 for a, b in zip(tk["per_prompt_forward"], exact["per_prompt_forward"], strict=True)
+            )
 
 
 def test_reward_range_known_for_builtins_only():

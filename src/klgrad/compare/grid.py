@@ -37,6 +37,7 @@ from klgrad.compare.design import GRID_FILE, now, read_grid, settle_design, shar
 from klgrad.compare.provenance import Revision, check_pinned, machine_label, machine_record, source_revision
 from klgrad.compare.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
 from klgrad.config import Config, load_config, to_dict
+from klgrad.exact.estimators import optional_final_metrics, stepwise_mean_se
 from klgrad.exact.kl import clustered_mean_se, sampled_kl_estimates, stepwise_kl, tree_kl
 from klgrad.exact.objective import PRUNE
 from klgrad.plotting import pyplot, save
@@ -74,6 +75,10 @@ FINAL_KEYS = (
     "J",
     "J_star",
     "kl_to_optimum",
+    "forward_kl",
+    "kl_to_optimum_sampled",
+    "forgetting_reverse_kl",
+    "forgetting_forward_kl",
 )
 KL_LABELS = {
     "exact_kl": "exact",
@@ -115,7 +120,15 @@ def method_overrides(method: str, level: str, beta: float) -> dict:
 
 
 @torch.no_grad()
-def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
+def final_kl(
+    cfg: Config,
+    run_dir: Path,
+    n_prompts: int,
+    samples: int,
+    *,
+    optimum_ref_samples: int = 0,
+    forgetting_samples: int = 0,
+) -> dict:
     """Exact KL (tree) and sampled k1/k2/k3 of the run's final policy vs its reference, held-out prompts.
 
     The reference is the one the run was regularised towards at its end: the checkpoint's ``ref.safetensors``
@@ -129,6 +142,12 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     has the grid's β, ``none`` included), ``objective`` holds the exact J_β, J* and KL(π‖π*) of the final policy
     against the same reference on the same prompts (:func:`klgrad.exact.objective.exact_objective`;
     one enumeration gives it and the exact KL).
+
+    ``forward_kl`` is KL(π_ref‖π) beside it: from the same enumeration for short answers, else the stepwise sum
+    along ``samples`` reference samples per prompt (``forward_kl_se``). Optional, for long grids
+    (:mod:`klgrad.exact.estimators`): ``optimum_ref_samples`` > 0 estimates KL(π‖π*) from samples with log Z from
+    that many reference samples per prompt (``objective_sampled``, ``kl_to_optimum_sampled``);
+    ``forgetting_samples`` > 0 measures both KLs on the shipped general chat prompts (``forgetting``).
     """
     from klgrad.models import load_model_and_tokenizer
     from klgrad.rollout.encoding import encode_prompts, uses_chat
@@ -150,10 +169,11 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
     prompts = [e.prompt for e in heldout[:n_prompts]]
     ids, mask = encode_prompts(tok, prompts, chat=uses_chat(cfg.data.prompt_format, tok))
     out: dict = {}
+    tau = cfg.rollout.temperature
     if cfg.rollout.max_new_tokens <= 10 and cfg.kl.beta > 0:  # short answers: the response tree is small
         obj = objective_on(policy, ref, tok, heldout[:n_prompts], reward_specs(cfg), cfg)
         out.update(exact_kl=obj["kl"], exact_kl_pruned_mass=obj["pruned_mass_max"], exact_kl_nodes=obj["nodes"])
-        out["objective"] = obj
+        out.update(objective=obj, forward_kl=obj["kl_forward"])
     elif cfg.rollout.max_new_tokens <= 10:  # β = 0: no objective to judge, the KL alone
         rows = [ids[i][mask[i]].tolist() for i in range(len(prompts))]
         tk = tree_kl(
@@ -167,6 +187,7 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
             prune=PRUNE,
         )
         out.update(exact_kl=tk["kl"], exact_kl_pruned_mass=tk["pruned_mass"], exact_kl_nodes=tk["nodes"])
+        out["forward_kl"] = tk["forward_kl"]
     gen = torch.Generator().manual_seed(12345)
     sampled = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(
         policy,
@@ -193,6 +214,12 @@ def final_kl(cfg: Config, run_dir: Path, n_prompts: int, samples: int) -> dict:
         mean, se = clustered_mean_se(steps, prompt_of)
         out.update(stepwise_kl=mean, stepwise_kl_se=se)
         out["sampled_k1_se"] = clustered_mean_se(log_ratios.double(), prompt_of)[1]
+        fwd = stepwise_mean_se(ref, policy, tok, ids, mask, samples, cfg.rollout.max_new_tokens, tau, seed=54321)
+        out["forward_kl"], out["forward_kl_se"] = fwd  # KL(π_ref‖π) along reference samples
+    examples, specs = heldout[:n_prompts], reward_specs(cfg)
+    out.update(
+        optional_final_metrics(policy, ref, tok, examples, specs, cfg, samples, optimum_ref_samples, forgetting_samples)
+    )
     return out
 
 
@@ -252,8 +279,10 @@ def ensure_run(
     keep_checkpoints: bool,
     hooks: Mapping[str, FinalHook],
     provenance: dict,
+    extras: dict | None = None,
 ) -> dict:
-    """Bring one run of the grid to ``steps`` and return its final.json.
+    """Bring one run of the grid to ``steps`` and return its final.json (``extras``: :func:`final_kl`'s optional
+    metrics).
 
     A run finished at ``steps`` (or stopped by ``train.stop_when``) with final.json is read back. One finished at
     fewer steps is extended: its final.json is kept as ``final.stepN.json`` and training resumes from its last
@@ -281,7 +310,7 @@ def ensure_run(
         train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
         after, _ = run_steps_done(run_dir)
         append_provenance(run_dir, {**provenance, "from_step": start, "to_step": after, "at": now()})
-    final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples)}
+    final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples, **(extras or {}))}
     for name, hook in hooks.items():  # downstream evaluations: the weights are still there
         final[name] = hook(cfg, run_dir)
     final["steps"], stop = run_steps_done(run_dir)
@@ -436,6 +465,8 @@ def run_compare(
     final_hooks: Mapping[str, FinalHook] | None = None,
     revision: Revision | None = None,
     allow_dirty: bool = False,
+    optimum_ref_samples: int = 0,
+    forgetting_samples: int = 0,
 ) -> dict:
     """Run, resume or extend the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``.
 
@@ -457,7 +488,8 @@ def run_compare(
     compare into the same folder fails at once with :class:`~klgrad.runlock.RunLockedError`; each run then takes
     its own ``out_dir/runs/NAME`` lock inside :func:`~klgrad.trainer.train`. With ``keep_checkpoints=False`` a
     run's ``checkpoints/`` is deleted once its ``final.json`` is written (a finished run is then still skipped,
-    but can no longer be extended).
+    but can no longer be extended). ``optimum_ref_samples``, ``forgetting_samples``: :func:`final_kl`'s optional
+    metrics (0: off); a run whose ``final.json`` exists keeps the numbers it has.
     """
     claim = parse_claim(primary) if isinstance(primary, str) else primary
     if claim is not None:
@@ -543,6 +575,7 @@ def run_compare(
                 keep_checkpoints=keep_checkpoints,
                 hooks=final_hooks or {},
                 provenance=provenance,
+                extras={"optimum_ref_samples": optimum_ref_samples, "forgetting_samples": forgetting_samples},
             )
         bar.close()
         return write_summary(out_dir, record)
@@ -855,10 +888,10 @@ def summary_markdown(summary: dict) -> str:
         f"in J_β) is between the full next-token distributions {temperature_phrase(summary)}, the sampling "
         "temperature of the runs.",
         "",
-        "| method @ β | greedy acc. | exact KL | stepwise KL | sampled k1 | sampled k3 | log-prob gap | "
+        "| method @ β | greedy acc. | exact KL | stepwise KL | forward KL | sampled k1 | sampled k3 | log-prob gap | "
         "reward std in group | "
         "J_β | KL to optimum |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
     def cell(row: dict, k: str) -> str:
@@ -870,13 +903,15 @@ def summary_markdown(summary: dict) -> str:
     for name, row in summary["table"].items():
         lines.append(
             f"| {name} | {cell(row, 'greedy_accuracy')} | {cell(row, 'exact_kl')} | {cell(row, 'stepwise_kl')} | "
+            f"{cell(row, 'forward_kl')} | "
             f"{cell(row, 'sampled_k1')} | {cell(row, 'sampled_k3')} | {cell(row, 'logp_gap')} | "
             f"{cell(row, 'reward_std_in_group')} | {cell(row, 'J')} | {cell(row, 'kl_to_optimum')} |"
         )
     lines += [
         "",
         "J_β = E_π[R] − β·KL(π‖π_ref) and KL to optimum = KL(π‖π*) = (J* − J_β)/β, exact on the held-out prompts "
-        "(short answers; J* is the best J_β any policy reaches).",
+        "(short answers; J* is the best J_β any policy reaches). Forward KL = KL(π_ref‖π) on the same prompts: exact "
+        "where the exact KL is, else stepwise along reference samples.",
         "",
         *primary_markdown(summary),
         *convergence_markdown(summary),

@@ -16,6 +16,11 @@ and the KL of a prompt set is the mean over its prompts. Worked check (one promp
 {1: 0.6, 0: 0.4} give reverse 0.2589, forward 0.1517 (k3 holds the policy closer: sharpening); {1: 0.02, 0: 0.98}
 give 0.1418 and 1.3487 (k2 holds closer: discovery).
 
+Beside each fixed point's KL(·‖π_ref) the report gives its forward KL to the reference, KL(π_ref‖·), the direction
+forgetting tracks (arXiv 2509.04259): KL(π_ref‖π*) = Σ_j m_j·log(m_j/π*_j), KL(π_ref‖π_f) = Σ_j m_j·log(m_j/π_f,j)
+(``forward_kl_reverse``, ``forward_kl_forward`` per prompt; ``predicted_forward_kl`` over the set). Worked check,
+β = 0.5: {1: 0.6, 0: 0.4} give 0.3756 (π*) and 0.1875 (π_f); {1: 0.02, 0: 0.98} give 0.0803 and 0.6328.
+
 Here the masses are estimated from K samples of the reference per prompt, at the config's temperature and
 length cap, scored by the config's rewards. What that estimate can and cannot see:
 
@@ -70,16 +75,31 @@ def fixed_point_kls(masses: Sequence[tuple[float, float]], beta: float) -> tuple
     return kl_divergence(pi_star, ref), kl_divergence(pi_f, ref)
 
 
+def fixed_point_forward_kls(masses: Sequence[tuple[float, float]], beta: float) -> tuple[float, float]:
+    """(KL(π_ref‖π*), KL(π_ref‖π_f)): the forward KL to the reference of both fixed points of one prompt whose
+    reference puts mass m_j on reward R_j (float64)."""
+    reward = torch.tensor([r for r, _ in masses], dtype=torch.float64)
+    ref = torch.tensor([m for _, m in masses], dtype=torch.float64)
+    if len(masses) == 1:
+        return 0.0, 0.0
+    pi_star = reverse_kl_optimum(ref, reward, beta)
+    pi_f, _ = forward_kl_optimum(ref, reward, beta)
+    return kl_divergence(ref, pi_star), kl_divergence(ref, pi_f)
+
+
 def prompt_entry(rewards: Sequence[float], beta: float, successes: Sequence[bool]) -> dict[str, Any]:
     """One prompt of ``regime.json``: its success rate (the share of ``successes``: samples the accuracy reward
-    scored correct), its reward masses and both fixed points' KL to the reference."""
+    scored correct), its reward masses and both fixed points' KL to the reference, in both directions."""
     masses = reward_masses(rewards)
     reverse, forward = fixed_point_kls(masses, beta)
+    fkl_reverse, fkl_forward = fixed_point_forward_kls(masses, beta)
     return {
         "success_rate": sum(successes) / len(successes),
         "masses": [[r, m] for r, m in masses],
         "kl_reverse": reverse,
         "kl_forward": forward,
+        "forward_kl_reverse": fkl_reverse,
+        "forward_kl_forward": fkl_forward,
     }
 
 
@@ -87,17 +107,18 @@ def bootstrap_intervals(
     per_prompt_rewards: Sequence[Sequence[float]], beta: float, resamples: int, seed: int
 ) -> dict[str, list[float]]:
     """95% percentile intervals of the set means of KL(π*‖π_ref), KL(π_f‖π_ref) and their difference (forward −
-    reverse), resampling every prompt's samples with replacement ``resamples`` times."""
+    reverse), and of the forward KLs KL(π_ref‖π*), KL(π_ref‖π_f) (``forward_kl_reverse``, ``forward_kl_forward``),
+    resampling every prompt's samples with replacement ``resamples`` times."""
     rng = np.random.default_rng(seed)
-    means = np.zeros((resamples, 2))
-    cache: dict[tuple, tuple[float, float]] = {}
+    means = np.zeros((resamples, 4))
+    cache: dict[tuple, tuple[float, ...]] = {}
     for b in range(resamples):
-        total = np.zeros(2)
+        total = np.zeros(4)
         for rewards in per_prompt_rewards:
             draw = np.asarray(rewards)[rng.integers(0, len(rewards), len(rewards))]
             key = tuple(reward_masses(draw.tolist()))
             if key not in cache:
-                cache[key] = fixed_point_kls(key, beta)
+                cache[key] = (*fixed_point_kls(key, beta), *fixed_point_forward_kls(key, beta))
             total += cache[key]
         means[b] = total / len(per_prompt_rewards)
     diff = means[:, 1] - means[:, 0]
@@ -105,7 +126,13 @@ def bootstrap_intervals(
     def interval(x: np.ndarray) -> list[float]:
         return [float(np.percentile(x, 2.5)), float(np.percentile(x, 97.5))]
 
-    return {"reverse": interval(means[:, 0]), "forward": interval(means[:, 1]), "forward_minus_reverse": interval(diff)}
+    return {
+        "reverse": interval(means[:, 0]),
+        "forward": interval(means[:, 1]),
+        "forward_minus_reverse": interval(diff),
+        "forward_kl_reverse": interval(means[:, 2]),
+        "forward_kl_forward": interval(means[:, 3]),
+    }
 
 
 def summarize_regime(
@@ -137,6 +164,10 @@ def summarize_regime(
         "samples_per_prompt": len(per_prompt_rewards[0]),
         "success_rate": sum(p["success_rate"] for p in prompts) / n,
         "predicted_kl": {"reverse": reverse, "forward": forward},
+        "predicted_forward_kl": {
+            "reverse": sum(p["forward_kl_reverse"] for p in prompts) / n,
+            "forward": sum(p["forward_kl_forward"] for p in prompts) / n,
+        },
         "interval_95": ci,
         "closer": closer,
         "prompts_never_rewarded": sum(p["success_rate"] == 0 for p in prompts),

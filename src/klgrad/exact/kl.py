@@ -15,6 +15,11 @@ which is the KL between the two distributions coarsened to the partition: by the
 ≤ the full KL, and the missing part, Σ_a π(a)·KL(π(·|a) ‖ π_ref(·|a)) ≥ 0, is the KL inside the pruned
 subtrees. It equals the chain-rule sum Σ_{expanded prefixes} π(prefix)·KL_step(prefix), each per-step KL over
 the full vocabulary. For short answers the tree is small (a 2-digit sum: a few thousand nodes).
+
+The forward KL(π_ref‖π) is the same sum with the roles swapped, Σ π_ref(y)·log π_ref(y)/π(y) over the same
+partition, and is a lower bound in the same way (the missing part Σ_a π_ref(a)·KL(π_ref(·|a) ‖ π(·|a))). The
+enumeration expands a child when either model gives it mass ≥ ``prune``, so π_ref's pruned mass is held as
+small as π's and both directions are covered alike.
 """
 
 from __future__ import annotations
@@ -177,8 +182,9 @@ def tree_kl(
     full KL, exact with ``prune=0`` (see the module docstring).
 
     Returns:
-        ``{"kl": mean over prompts, "per_prompt": [...], "pruned_mass": max over prompts of π's pruned mass,
-        "pruned_mass_ref": the same of π_ref's, "nodes": n}``.
+        ``{"kl": mean over prompts, "per_prompt": [...], "forward_kl": mean over prompts of the forward
+        KL(π_ref‖π) of the same partition, "per_prompt_forward": [...], "pruned_mass": max over prompts of π's
+        pruned mass, "pruned_mass_ref": the same of π_ref's, "nodes": n}``.
     """
     tree = enumerate_responses(
         policy,
@@ -194,10 +200,15 @@ def tree_kl(
     kl = torch.zeros(len(prompts), dtype=torch.float64)
     kl.index_add_(0, tree.leaf_prompt, kl_terms(tree.logp, tree.ref_logp))
     kl.index_add_(0, tree.pruned_prompt, kl_terms(tree.pruned_logp, tree.pruned_ref_logp))
-    per_prompt = kl.tolist()
+    fwd = torch.zeros(len(prompts), dtype=torch.float64)
+    fwd.index_add_(0, tree.leaf_prompt, kl_terms(tree.ref_logp, tree.logp))
+    fwd.index_add_(0, tree.pruned_prompt, kl_terms(tree.pruned_ref_logp, tree.pruned_logp))
+    per_prompt, per_prompt_fwd = kl.tolist(), fwd.tolist()
     return {
         "kl": sum(per_prompt) / len(per_prompt),
         "per_prompt": per_prompt,
+        "forward_kl": sum(per_prompt_fwd) / len(per_prompt_fwd),
+        "per_prompt_forward": per_prompt_fwd,
         "pruned_mass": float(tree.pruned_mass().max()),
         "pruned_mass_ref": float(tree.pruned_mass(ref=True).max()),
         "nodes": tree.nodes,

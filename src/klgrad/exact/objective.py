@@ -58,6 +58,7 @@ def objective_from_leaves(logp: Tensor, ref_logp: Tensor, rewards: Tensor, beta:
     With π(y) = e^{log π(y)} (terms with π(y) = 0 count 0):
 
         E_π[R] = Σ π(y)·R(y),    KL(π‖π_ref) = Σ π(y)·(log π(y) − log π_ref(y)),
+        KL(π_ref‖π) = Σ π_ref(y)·(log π_ref(y) − log π(y))   (the forward KL, reported beside the reverse),
         J = E_π[R] − β·KL(π‖π_ref),
         log Z = logsumexp_y (log π_ref(y) + R(y)/β),    J* = β·log Z,
         log π*(y) = log π_ref(y) + R(y)/β − log Z,    KL(π‖π*) = Σ π(y)·(log π(y) − log π*(y)).
@@ -65,7 +66,7 @@ def objective_from_leaves(logp: Tensor, ref_logp: Tensor, rewards: Tensor, beta:
     KL(π‖π*) is summed directly, not taken as (J* − J)/β, so the identity J* − J = β·KL(π‖π*) checks the sums.
 
     Returns:
-        ``{"reward", "kl", "J", "log_z", "J_star", "kl_to_optimum"}`` as floats.
+        ``{"reward", "kl", "kl_forward", "J", "log_z", "J_star", "kl_to_optimum"}`` as floats.
     """
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
@@ -77,6 +78,7 @@ def objective_from_leaves(logp: Tensor, ref_logp: Tensor, rewards: Tensor, beta:
     return {
         "reward": reward,
         "kl": kl,
+        "kl_forward": float(kl_terms(ref_logp, logp).sum()),
         "J": reward - beta * kl,
         "log_z": log_z,
         "J_star": beta * log_z,
@@ -189,7 +191,7 @@ def exact_objective(
     responses are (special tokens dropped) and scored by ``specs`` against each example's columns.
 
     Returns:
-        ``{"beta", "J", "J_star", "kl_to_optimum", "kl", "reward", "pruned_mass", "pruned_mass_ref",
+        ``{"beta", "J", "J_star", "kl_to_optimum", "kl", "kl_forward", "reward", "pruned_mass", "pruned_mass_ref",
         "pruned_mass_max", "reward_error", "J_star_error", "reward_range", "reward_range_known",
         "reward_failures", "n_prompts", "leaves", "nodes", "seconds", "seconds_rewards"}``: every number a
         mean over prompts except the counts, the times, ``pruned_mass_max`` (the largest π pruned mass of one
@@ -225,7 +227,7 @@ def exact_objective(
 
     return {
         "beta": beta,
-        **{k: mean(k) for k in ("J", "J_star", "kl_to_optimum", "kl", "reward")},
+        **{k: mean(k) for k in ("J", "J_star", "kl_to_optimum", "kl", "kl_forward", "reward")},
         "pruned_mass": float(m.mean()),
         "pruned_mass_ref": float(m_ref.mean()),
         "pruned_mass_max": float(m.max()),
