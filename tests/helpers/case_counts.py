@@ -1,6 +1,6 @@
 """Counts of the cases the reliability tests ran, by kind (docs/reliability.md reports them).
 
-tests/trainer/test_reliability.py, the config fuzzing in tests/test_config.py and the dataset fuzzing in
+tests/trainer/test_reliability.py, the config fuzzing in tests/config/test_config.py and the dataset fuzzing in
 tests/data/test_data.py add to :data:`CASES`. With ``KLGRAD_RELIABILITY_COUNTS=PATH`` each of those modules writes
 the running total of this pytest process to PATH (JSON) when it finishes, so the file holds the counts of every such
 module run.

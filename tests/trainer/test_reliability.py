@@ -1,6 +1,6 @@
 """Reliability of runs: kill/resume bit-identity, torn checkpoints, non-finite steps, reward failure budget,
 untrusted files, extreme inputs, bad data through the CLI. docs/reliability.md states each guarantee and these
-figures; the config and dataset fuzzing it cites live with their modules' tests (tests/test_config.py,
+figures; the config and dataset fuzzing it cites live with their modules' tests (tests/config/test_config.py,
 tests/data/test_data.py).
 
 The slow part is ``python -m klgrad train`` started as a subprocess (about 4 s of imports each). Every such run

@@ -182,7 +182,7 @@ def test_reference_lists_every_field_with_its_doc():
 def test_docs_configuration_reference_is_up_to_date():
     from pathlib import Path
 
-    doc = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert config_reference() in doc, "docs/configuration.md is stale: run `python -m klgrad.docs`"
 
 
