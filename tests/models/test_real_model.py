@@ -179,3 +179,18 @@ def test_packed_equals_padded_on_smollm2(smol_dir: Path, lora: bool):
     rel = 2 * model_tol(model.config, 1.0)
     for k in g0:
         torch.testing.assert_close(g1[k], g0[k], rtol=rel, atol=rel * float(g0[k].abs().max()), msg=k)
+
+
+def test_forgetting_kl_on_smollm2_through_its_chat_template(smol_dir: Path):
+    """klgrad.exact.estimators.forgetting_kl on the real model against itself, on 4 of the shipped chat prompts
+    (through SmolLM2's template, 2 samples of <= 16 tokens each way): every next-token KL is exactly 0 both ways,
+    and the responses are sampled and cut as reported."""
+    from klgrad.exact.estimators import chat_prompts, forgetting_kl
+
+    model, tok = load_model_and_tokenizer(smol_dir)
+    model.eval()
+    out = forgetting_kl(model, model, tok, chat_prompts()[:4], 2, 16, 0.7)
+    assert (out["reverse_kl"], out["forward_kl"]) == (0.0, 0.0)
+    assert out["n_prompts"] == 4
+    assert 1.0 <= out["length_policy"] <= 16.0
+    assert 0.0 <= out["truncated_reference"] <= 1.0
