@@ -205,7 +205,7 @@ def compute_policy_loss_klgrad(
         raise ValueError("policy loss 'klgrad' needs verl's actor config")
     spec = spec_from_verl(config, loss_agg_mode)
     mask = response_mask.bool()  # (B, T)
-    kl_on = spec.head.style != "none" and spec.beta > 0
+    kl_on = spec.head.style != "none" and spec.kl.beta > 0
     ref = ref_log_prob if ref_log_prob is not None else _REF_LOG_PROB.get()
     if ref is None:
         if kl_on:
