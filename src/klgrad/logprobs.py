@@ -484,16 +484,19 @@ def _shared_prompt_logits(
 
     if unsupported_reason(model) is not None:
         return None
-    resp_mask = attention_mask[:, response_start:].bool()  # (B, T)
-    if bool((resp_mask[:, 1:] & ~resp_mask[:, :-1]).any()):
+    if not _right_padded(attention_mask[:, response_start:]):
         return None  # a real token after padding: not the right-padded layout the shared path assumes
-    prompts = torch.cat([input_ids[:, :response_start], attention_mask[:, :response_start].long()], dim=1)
-    distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)  # (U, 2·Lp), (B,)
-    if distinct.shape[0] == input_ids.shape[0]:
+    prompt_ids, prompt_mask, owner = _distinct_prompts(input_ids, attention_mask, response_start)
+    if prompt_ids.shape[0] == input_ids.shape[0]:
         return None  # nothing shared
-    return FastForward(model).shared_prefix_logits(
-        distinct[:, :response_start], distinct[:, response_start:].bool(), owner, input_ids[:, response_start:]
-    )
+    return FastForward(model).shared_prefix_logits(prompt_ids, prompt_mask, owner, input_ids[:, response_start:])
+
+
+def _distinct_prompts(input_ids: Tensor, attention_mask: Tensor, response_start: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The distinct left-padded prompts (U, L) and their masks (U, L) bool, and each row's prompt ``owner`` (B,)."""
+    prompts = torch.cat([input_ids[:, :response_start], attention_mask[:, :response_start].long()], dim=1)
+    distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)  # (U, 2·L), (B,)
+    return distinct[:, :response_start], distinct[:, response_start:].bool(), owner
 
 
 def _right_padded(resp_mask: Tensor) -> bool:
@@ -518,11 +521,8 @@ def _packed_fast_logprobs(
         return None
     resp_mask = attention_mask[:, response_start:].bool()  # (N, T)
     responses = input_ids[:, response_start:]  # (N, T)
-    prompts = torch.cat([input_ids[:, :response_start], attention_mask[:, :response_start].long()], dim=1)
-    distinct, owner = torch.unique(prompts, dim=0, return_inverse=True)  # (U, 2·Lp), (N,)
-    hidden = FastForward(model).packed_hidden(
-        distinct[:, :response_start], distinct[:, response_start:].bool(), owner, responses, resp_mask.sum(-1)
-    )  # (R, D)
+    prompt_ids, prompt_mask, owner = _distinct_prompts(input_ids, attention_mask, response_start)
+    hidden = FastForward(model).packed_hidden(prompt_ids, prompt_mask, owner, responses, resp_mask.sum(-1))  # (R, D)
     head = model.lm_head
     logp, ent = head_logprobs(hidden, head.weight, head.bias, responses[resp_mask], temperature)  # (R,), (R,)
     return _unpack(logp, resp_mask), _unpack(ent, resp_mask)
