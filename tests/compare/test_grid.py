@@ -398,6 +398,7 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_to
         assert "exact_kl" not in out
         assert "objective" not in out
         assert (out["stepwise_kl"], out["stepwise_kl_se"], out["forward_kl_se"]) == (0.0, 0.0, 0.0)
+        assert out["stepwise_kl_per_prompt"] == [0.0, 0.0]  # one per held-out prompt
         return
     assert out["exact_kl"] == 0.0
     obj = out["objective"]

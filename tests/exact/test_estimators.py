@@ -293,3 +293,28 @@ def test_module_entry_point_writes_both_kls(tmp_path, capsys):
     saved = json.loads((tmp_path / "f.json").read_text())
     assert saved == json.loads(capsys.readouterr().out)
     assert (saved["reverse_kl"], saved["forward_kl"], saved["n_prompts"]) == (0.0, 0.0, 2)
+
+
+def test_the_reference_draw_is_made_once_for_one_reference_and_again_for_another(monkeypatch):
+    """A grid's runs share a reference: the second estimate against the same reference reuses the first one's
+    reference responses (the same log Z, bit for bit, and no second draw); a reference whose weights differ in one
+    parameter by one float32 ulp draws afresh."""
+    from klgrad.exact import estimators
+    from klgrad.rewards import RewardSpec
+
+    policy, ref, tok, examples = tiny_addition_pair()
+    specs = [RewardSpec.load("accuracy", 1.0)]
+    draws = []
+    real = estimators._reference_texts
+    monkeypatch.setattr(estimators, "_reference_texts", lambda *a, **k: draws.append(1) or real(*a, **k))
+    monkeypatch.setattr(estimators, "_REF_TEXTS", {})
+    kw = dict(beta=0.5, samples=2, ref_samples=8, max_new_tokens=MAX_NEW_TOKENS, temperature=TEMPERATURE)
+    first = estimators.estimate_kl_to_optimum(policy, ref, tok, examples[:2], specs, **kw)
+    second = estimators.estimate_kl_to_optimum(policy, ref, tok, examples[:2], specs, **kw)
+    assert len(draws) == 1
+    assert first["log_z"] == second["log_z"]
+    with torch.no_grad():
+        p = next(ref.parameters())
+        p.view(-1)[0] = torch.nextafter(p.view(-1)[0], torch.tensor(float("inf")))
+    estimators.estimate_kl_to_optimum(policy, ref, tok, examples[:2], specs, **kw)
+    assert len(draws) == 2

@@ -143,6 +143,9 @@ def final_kl(
     against the same reference on the same prompts (:func:`klgrad.exact.objective.exact_objective`;
     one enumeration gives it and the exact KL).
 
+    For longer answers ``stepwise_kl_per_prompt`` holds each prompt's mean stepwise KL (the held-out prompts in
+    order), for a per-prompt comparison with ``klgrad regime``'s predicted fixed points.
+
     ``forward_kl`` is KL(π_ref‖π) beside it: from the same enumeration for short answers, else the stepwise sum
     along ``samples`` reference samples per prompt (``forward_kl_se``). Optional, for long grids
     (:mod:`klgrad.exact.estimators`): ``optimum_ref_samples`` > 0 estimates KL(π‖π*) from samples with log Z from
@@ -213,6 +216,7 @@ def final_kl(
         prompt_of = torch.arange(len(prompts)).repeat_interleave(samples)  # groups are contiguous
         mean, se = clustered_mean_se(steps, prompt_of)
         out.update(stepwise_kl=mean, stepwise_kl_se=se)
+        out["stepwise_kl_per_prompt"] = steps.view(len(prompts), samples).mean(1).tolist()  # prompt order
         out["sampled_k1_se"] = clustered_mean_se(log_ratios.double(), prompt_of)[1]
         fwd = stepwise_mean_se(ref, policy, tok, ids, mask, samples, cfg.rollout.max_new_tokens, tau, seed=54321)
         out["forward_kl"], out["forward_kl_se"] = fwd  # KL(π_ref‖π) along reference samples

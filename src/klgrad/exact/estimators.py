@@ -371,7 +371,11 @@ def estimate_kl_to_optimum(
     texts = [t for r in rolls for t in decode_responses(tokenizer, r)]
     prompt_of = torch.arange(len(examples)).repeat_interleave(samples)  # (P·samples,)
     rewards, failures = score_leaves(specs, examples, prompt_of.tolist(), texts, reward_batch)
-    ref_texts = _reference_texts(ref, tokenizer, ids, mask, ref_samples, pad, seed + 1, **common)
+    key = (weights_fingerprint(ref), ids.cpu().numpy().tobytes(), ref_samples, seed + 1, tuple(sorted(common.items())))
+    if key not in _REF_TEXTS:  # one reference, prompts and seed give the same draws: sample them once per process
+        _REF_TEXTS.clear()
+        _REF_TEXTS[key] = _reference_texts(ref, tokenizer, ids, mask, ref_samples, pad, seed + 1, **common)
+    ref_texts = _REF_TEXTS[key]
     ref_prompt = torch.arange(len(examples)).repeat_interleave(ref_samples)  # (P·ref_samples,)
     ref_rewards, ref_failures = score_leaves(specs, examples, ref_prompt.tolist(), ref_texts, reward_batch)
     rng, known = reward_range(specs, [*rewards, *ref_rewards])
@@ -392,6 +396,24 @@ def estimate_kl_to_optimum(
         "reward_range_known": known,
         "reward_failures": failures + ref_failures,
     }
+
+
+_REF_TEXTS: dict[tuple, list[str]] = {}
+"""The last reference draw of :func:`estimate_kl_to_optimum`, keyed by the reference's weights, the prompts, the
+count, the seed and the sampling settings: a grid's runs share one reference, and re-drawing 256 responses per
+prompt for each run would cost more than the run's other final metrics together."""
+
+
+@torch.no_grad()
+def weights_fingerprint(model) -> str:
+    """sha256 over a model's parameters and buffers (names, dtypes, shapes and bytes, in state-dict order)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
 
 
 @torch.no_grad()
