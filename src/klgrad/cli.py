@@ -714,17 +714,24 @@ def add_regime_parser(sub: argparse._SubParsersAction) -> None:
     r = sub.add_parser(
         "regime",
         help="predict from the reference's own samples whether k2 or k3 holds the policy closer (sharpen/discover)",
-        description="Sample the config's reference K times on its first training prompts, group each prompt's "
-        "samples by reward value and compute exactly the sequence-level fixed points of the reverse-KL heads "
-        "(k1_in_reward, k2_as_loss: pi* ~ pi_ref e^(R/beta)) and of k3 (the forward-KL optimum), their KL to the "
-        "reference per prompt and over the set with bootstrap intervals. Writes regime.json and regime.png. Config "
-        "fields are dotted flags (--model.path M --data.task file --data.path D).",
+        description="Sample the config's reference K times on its first training (or --split heldout) "
+        "prompts, group each prompt's samples by reward value and compute exactly the sequence-level fixed "
+        "points of the reverse-KL heads (k1_in_reward, k2_as_loss: pi* ~ pi_ref e^(R/beta)) and of k3 (the "
+        "forward-KL optimum), their KL to the reference per prompt and over the set with bootstrap intervals. "
+        "Writes regime.json and regime.png. Config fields are dotted flags (--model.path M --data.task file "
+        "--data.path D).",
     )
     r.add_argument("--config", default=None, help="YAML config (e.g. configs/smollm2_sharpen.yaml); defaults otherwise")
     r.add_argument("--out", default="runs/regime", help="output folder (default runs/regime)")
     r.add_argument("--beta", type=float, default=None, help="KL weight of the fixed points (default: kl.beta)")
     r.add_argument("--samples", type=int, default=32, help="K: reference samples per prompt (default 32)")
-    r.add_argument("--prompts", type=int, default=64, help="training prompts sampled (default 64)")
+    r.add_argument("--prompts", type=int, default=64, help="prompts sampled, the split's first (default 64)")
+    r.add_argument(
+        "--split",
+        choices=("train", "heldout"),
+        default="train",
+        help="the training prompts (default) or the held-out ones klgrad compare measures its final KL on",
+    )
     r.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
     r.set_defaults(func=cmd_regime, takes_overrides=True)
 
@@ -738,7 +745,9 @@ def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
         cfg = load_config(args.config, parse_override_args(overrides))
         out = Path(args.out)
         with run_lock(out):
-            result = run_regime(cfg, out, beta=args.beta, samples=args.samples, prompts=args.prompts, seed=args.seed)
+            result = run_regime(
+                cfg, out, beta=args.beta, samples=args.samples, prompts=args.prompts, seed=args.seed, split=args.split
+            )
     except (ValueError, OSError, RunLockedError) as e:
         print(f"klgrad regime: {e}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ from klgrad.compare.regime import (
 )
 from klgrad.config import load_config
 from klgrad.exact.optima import forward_kl_optimum, kl_divergence, reverse_kl_optimum
+from klgrad.trainer import load_data
 
 # float64 bisection to the last bit and a handful of logs: far below the 4 decimals of the worked check
 WORKED_TOL = 5e-5
@@ -157,6 +158,19 @@ def test_regime_on_the_embedded_reference(tmp_path: Path):
         assert math.isclose(sum(m for _, m in p["masses"]), 1.0, rel_tol=1e-12)
         assert (p["kl_reverse"], p["kl_forward"]) == fixed_point_kls([tuple(m) for m in p["masses"]], cfg.kl.beta)
     assert (tmp_path / "regime.png").stat().st_size > 10_000
+    train_ids = [e.id for e in load_data(cfg)[0][:16]]
+    assert [p["id"] for p in saved["prompts"]] == train_ids
+    assert saved["split"] == "train"
+
+
+def test_regime_on_the_held_out_prompts_follows_their_order(tmp_path: Path):
+    """--split heldout samples the held-out prompts klgrad compare measures its final KL on, in that order."""
+    cfg = load_config("configs/tiny_add.yaml")
+    result = run_regime(cfg, tmp_path, beta=None, samples=2, prompts=3, seed=0, split="heldout")
+    assert [p["id"] for p in result["prompts"]] == [e.id for e in load_data(cfg)[1][:3]]
+    assert result["split"] == "heldout"
+    with pytest.raises(ValueError, match="--split"):
+        run_regime(cfg, tmp_path, beta=None, samples=2, prompts=3, seed=0, split="test")
 
 
 COMMITTED = sorted((Path(__file__).resolve().parents[2] / "results" / "regime").glob("*/regime.json"))

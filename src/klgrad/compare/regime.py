@@ -248,9 +248,13 @@ def plot_regime(result: dict[str, Any], path: Path, title: str) -> None:
     save(fig, path, dpi=110)
 
 
-def run_regime(cfg, out: Path, *, beta: float | None, samples: int, prompts: int, seed: int) -> dict[str, Any]:
-    """Sample the config's reference K times on its first ``prompts`` training prompts, score with its rewards and
-    write ``regime.json`` and ``regime.png`` into ``out``; returns the result."""
+def run_regime(
+    cfg, out: Path, *, beta: float | None, samples: int, prompts: int, seed: int, split: str = "train"
+) -> dict[str, Any]:
+    """Sample the config's reference K times on the first ``prompts`` prompts of its ``split`` ("train" or
+    "heldout", the prompts ``klgrad compare`` measures its final KL on, in the same order), score with its rewards
+    and write ``regime.json`` and ``regime.png`` into ``out``; returns the result. Each prompt's entry carries its
+    example ``id``."""
     from tqdm import tqdm
 
     from klgrad.data.example import examples_to_columns, repeat_columns
@@ -266,8 +270,10 @@ def run_regime(cfg, out: Path, *, beta: float | None, samples: int, prompts: int
         raise ValueError(f"--beta must be > 0 (the fixed points are of J_β), got {beta}")
     if samples < 1 or prompts < 1:
         raise ValueError(f"--samples and --prompts must be >= 1, got {samples} and {prompts}")
-    train_set, _ = load_data(cfg)
-    examples = train_set[:prompts]
+    if split not in ("train", "heldout"):
+        raise ValueError(f"--split must be train or heldout, got {split!r}")
+    train_set, heldout = load_data(cfg)
+    examples = (train_set if split == "train" else heldout)[:prompts]
     specs = reward_specs(cfg)
     model, tok = load_model_and_tokenizer(reference_path(cfg))
     chat = uses_chat(cfg.data.prompt_format, tok)
@@ -299,6 +305,9 @@ def run_regime(cfg, out: Path, *, beta: float | None, samples: int, prompts: int
             per_prompt.append(list(scored.total[rows]))
             successes.append([h == 1.0 for h in hits[rows]] if hits else [])
     result = summarize_regime(per_prompt, beta, per_prompt_successes=successes if accuracy else None, seed=seed)
+    for entry, example in zip(result["prompts"], examples, strict=True):
+        entry["id"] = example.id
+    result["split"] = split
     result["config"] = {
         "task": cfg.data.task,
         "digits": cfg.data.digits,
