@@ -211,3 +211,47 @@ def test_sampler_logprobs_equal_a_transformers_forward_on_cuda(which, dtype, att
     scale = max_abs_logit(model, rollout.input_ids, rollout.attention_mask) / temperature
     tol = 2 * logit_tol(model, scale, dtype)
     torch.testing.assert_close(rollout.logp, ref, rtol=0, atol=tol)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# klgrad compare's final numbers on cuda
+
+
+def test_compare_final_numbers_of_a_gpu_run_are_measured_on_cuda(tmp_path, monkeypatch):
+    """A run whose answers are too long to enumerate (12 tokens) gets its final stepwise KLs on the GPU it trained
+    on: the models final_kl loads are on cuda, and with the reference reset to the policy after the last step
+    (kl.reset_ref_every = 2) every KL is exactly 0 in both directions, as on the CPU
+    (tests/compare/test_grid.py)."""
+    from klgrad.compare import grid
+    from klgrad.config import load_config
+
+    over = {
+        "rollout.prompts_per_step": 4,
+        "rollout.group_size": 4,
+        "data.n_eval": 8,
+        "train.steps": 2,
+        "train.eval_every": 0,
+        "train.out_dir": str(tmp_path / "run"),
+        "train.tensorboard": False,
+        "optim.lr": 1e-3,
+        "kl.reset_ref_every": 2,
+        "rollout.max_new_tokens": 12,
+        "model.device": "auto",
+    }
+    cfg = load_config("configs/tiny_add.yaml", over)
+    loop.train(cfg, progress=False)
+    import klgrad.models
+
+    loaded = []
+    real = klgrad.models.load_model_and_tokenizer
+
+    def spy(*args, **kwargs):
+        loaded.append(kwargs.get("device", "cpu"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(klgrad.models, "load_model_and_tokenizer", spy)  # final_kl imports it at call time
+    out = grid.final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4)
+    assert loaded
+    assert all(torch.device(d).type == CUDA for d in loaded)
+    assert (out["stepwise_kl"], out["stepwise_kl_se"], out["forward_kl"], out["forward_kl_se"]) == (0.0, 0.0, 0.0, 0.0)
+    assert out["stepwise_kl_per_prompt"] == [0.0, 0.0]

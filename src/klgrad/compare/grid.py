@@ -44,6 +44,7 @@ from klgrad.plotting import pyplot, save
 from klgrad.rewards import accuracy_reward_name
 from klgrad.runlock import run_lock
 from klgrad.trainer import latest_checkpoint, load_data, read_jsonl, reference_path, reward_specs, train
+from klgrad.trainer.setup import resolve_device
 
 METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
 EQUIVALENCE_MARGIN = 0.1
@@ -131,6 +132,9 @@ def final_kl(
 ) -> dict:
     """Exact KL (tree) and sampled k1/k2/k3 of the run's final policy vs its reference, held-out prompts.
 
+    Longer answers are measured on the run's device (``model.device``: a GPU run's final numbers on its GPU);
+    short ones, enumerated, on the CPU.
+
     The reference is the one the run was regularised towards at its end: the checkpoint's ``ref.safetensors``
     when the run resets its reference (``kl.reset_ref_every``; the trainer saves it then), else the starting
     model (a LoRA run's policy: the starting model with its final adapter merged). Both numbers are of
@@ -159,25 +163,27 @@ def final_kl(
     from klgrad.trainer.evaluation import objective_on, reference_log_ratios
 
     model_dir = reference_path(cfg)
+    short = cfg.rollout.max_new_tokens <= 10  # short answers: the response tree is small
+    device = torch.device("cpu") if short else resolve_device(cfg.model.device, 1)
     if cfg.model.lora_rank:  # a LoRA run: the base with the final adapter merged, against the base itself
-        policy, tok = load_lora_policy(run_dir, cfg)
-        ref, _ = load_model_and_tokenizer(model_dir)
+        policy, tok = load_lora_policy(run_dir, cfg, device=device)
+        ref, _ = load_model_and_tokenizer(model_dir, device=device)
     else:
-        policy, tok = load_model_and_tokenizer(model_dir)
-        ref, _ = load_model_and_tokenizer(model_dir)
+        policy, tok = load_model_and_tokenizer(model_dir, device=device)
+        ref, _ = load_model_and_tokenizer(model_dir, device=device)
         load_weights(latest_checkpoint(run_dir), policy, ref)  # the reference the run ended with
     policy.eval()
     ref.eval()
     _, heldout = load_data(cfg)
     prompts = [e.prompt for e in heldout[:n_prompts]]
-    ids, mask = encode_prompts(tok, prompts, chat=uses_chat(cfg.data.prompt_format, tok))
+    ids, mask = (x.to(device) for x in encode_prompts(tok, prompts, chat=uses_chat(cfg.data.prompt_format, tok)))
     out: dict = {}
     tau = cfg.rollout.temperature
-    if cfg.rollout.max_new_tokens <= 10 and cfg.kl.beta > 0:  # short answers: the response tree is small
+    if short and cfg.kl.beta > 0:
         obj = objective_on(policy, ref, tok, heldout[:n_prompts], reward_specs(cfg), cfg)
         out.update(exact_kl=obj["kl"], exact_kl_pruned_mass=obj["pruned_mass_max"], exact_kl_nodes=obj["nodes"])
         out.update(objective=obj, forward_kl=obj["kl_forward"])
-    elif cfg.rollout.max_new_tokens <= 10:  # β = 0: no objective to judge, the KL alone
+    elif short:  # β = 0: no objective to judge, the KL alone
         rows = [ids[i][mask[i]].tolist() for i in range(len(prompts))]
         tk = tree_kl(
             policy,
@@ -201,7 +207,7 @@ def final_kl(
         temperature=cfg.rollout.temperature,
         generator=gen,
     )
-    log_ratios = reference_log_ratios(sampled, ref, ids.shape[1], cfg.rollout.temperature)  # (P·samples,)
+    log_ratios = reference_log_ratios(sampled, ref, ids.shape[1], cfg.rollout.temperature).cpu()  # (P·samples,)
     out.update({f"sampled_{k}": v for k, v in sampled_kl_estimates(log_ratios).items()})
     if "exact_kl" not in out:  # too long to enumerate: the stepwise estimate on the same samples
         steps = stepwise_kl(
