@@ -947,3 +947,22 @@ def test_gspo_level_in_the_reward_head_is_gspo_loss():
     torch.testing.assert_close(l.grad, grad)
     with pytest.raises(ValueError, match="ratio_level"):
         KLConfig(ratio_level="gspo")
+
+
+def test_kl_aggregation_reduces_the_kl_term_alone():
+    """``kl.aggregation`` (what a framework preset head sets) reduces the decoupled KL term; the reward head keeps
+    ``algo.aggregation``. Same arithmetic as the KL term under that algo.aggregation: equal to the last bit."""
+    gen = torch.Generator().manual_seed(3)
+    logp = -torch.rand(4, 5, generator=gen, dtype=torch.float64)
+    ref = -torch.rand(4, 5, generator=gen, dtype=torch.float64)
+    mask = torch.arange(5)[None, :] < torch.tensor([5, 2, 3, 1])[:, None]
+    adv = torch.randn(4, 5, generator=gen, dtype=torch.float64)
+
+    def terms(kl_agg, pg_agg):
+        kl = KLConfig(head="k2_as_loss", level="token", beta=0.5, aggregation=kl_agg)
+        return policy_objective(logp, ref, mask, adv, ObjectiveSpec(kl, AlgoConfig(aggregation=pg_agg)))
+
+    mixed = terms("token_mean", "seq_mean_token_sum")
+    assert mixed.kl_loss == terms(None, "token_mean").kl_loss
+    assert mixed.policy_loss == terms(None, "seq_mean_token_sum").policy_loss
+    assert mixed.kl_loss != terms(None, "seq_mean_token_sum").kl_loss

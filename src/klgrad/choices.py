@@ -22,15 +22,29 @@ HeadName = Literal[
 """The built-in heads' names, in registry (and docs table) order."""
 IMPORT_PATH = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 """``package.module:name`` (``name`` may be a dotted attribute path): a user's head, as rewards take theirs."""
+PRESET_ID = r"[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
+"""``framework/name``: a preset id of ``klgrad audit --framework`` (``trl/grpo-k3``), a framework's KL term that
+``kl.head`` trains (klgrad.audit.framework_head); the framework must be one of :data:`FRAMEWORKS`, the name is
+checked against the presets when the trainer resolves it (the presets need torch, this module does not)."""
+
+
+def is_preset_id(value: Any) -> bool:
+    """Whether ``value`` has a preset id's form, ``framework/name`` with ``framework`` in :data:`FRAMEWORKS`."""
+    import re
+
+    return (
+        isinstance(value, str) and re.fullmatch(PRESET_ID, value) is not None and value.split("/", 1)[0] in FRAMEWORKS
+    )
 
 
 class OrImportPath:
-    """``Annotated[str, OrImportPath(SomeLiteral)]``: a choice that also takes a head registered in this process
-    or a ``package.module:name`` of the user's (``kl.head``); the config checks the form, the implementing module
-    imports it. The field's type stays ``str``, so argparse-based parsers (TRL's ``TrlParser``) take any name.
+    """``Annotated[str, OrImportPath(SomeLiteral)]``: a choice that also takes a head registered in this process,
+    a ``package.module:name`` of the user's or a framework preset id ``framework/name`` (``kl.head``); the config
+    checks the form, the implementing module imports (or looks up) it. The field's type stays ``str``, so
+    argparse-based parsers (TRL's ``TrlParser``) take any name.
 
     For pydantic (which validates the records) it is one value check with one message, and in the JSON schema an
-    ``anyOf`` of the choices and the import-path pattern, so an editor completes both."""
+    ``anyOf`` of the choices, the import-path pattern and the preset-id pattern, so an editor completes them."""
 
     def __init__(self, choices: Any) -> None:
         self.choices: tuple[str, ...] = get_args(choices)
@@ -39,13 +53,17 @@ class OrImportPath:
         return f"OrImportPath({list(self.choices)})"
 
     def accepts(self, value: Any) -> bool:
-        """A choice, a head registered in this process (``klgrad.register_kl_head``) or ``package.module:name``."""
+        """A choice, a head registered in this process (``klgrad.register_kl_head``), ``package.module:name`` or a
+        preset id's form (:func:`is_preset_id`)."""
         import re
         import sys
 
         registered = getattr(sys.modules.get("klgrad.kl.heads"), "_REGISTERED", {})  # loaded only by a registrant
         return isinstance(value, str) and (
-            value in self.choices or value in registered or re.fullmatch(IMPORT_PATH, value) is not None
+            value in self.choices
+            or value in registered
+            or re.fullmatch(IMPORT_PATH, value) is not None
+            or is_preset_id(value)
         )
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
@@ -56,14 +74,21 @@ class OrImportPath:
                 return value
             raise PydanticCustomError(
                 "choice_or_import_path",
-                "Input should be one of {expected} or 'package.module:name'",
-                {"expected": list(self.choices)},
+                "Input should be one of {expected}, 'package.module:name' or a framework preset id "
+                "'framework/name' (klgrad audit --framework; framework one of {frameworks})",
+                {"expected": list(self.choices), "frameworks": list(FRAMEWORKS)},
             )
 
         return core_schema.no_info_plain_validator_function(check)
 
     def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
-        return {"anyOf": [{"enum": list(self.choices)}, {"type": "string", "pattern": IMPORT_PATH}]}
+        return {
+            "anyOf": [
+                {"enum": list(self.choices)},
+                {"type": "string", "pattern": IMPORT_PATH},
+                {"type": "string", "pattern": PRESET_ID},
+            ]
+        }
 
 
 Level = Literal["sequence", "token_to_go", "token"]

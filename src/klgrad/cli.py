@@ -197,7 +197,12 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         choices=("token", "sequence", "token_to_go"),
         help="where the KL heads act (default token: what GRPO/verl do, as in the paper's runs)",
     )
-    c.add_argument("--methods", default=None, help="comma-separated subset of the methods")
+    c.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated methods: klgrad heads (default: all five), package.module:name, or framework preset "
+        "ids of `klgrad audit --framework` (trl/grpo-k3: that framework's KL term, its own level and form)",
+    )
     c.add_argument("--kl-prompts", type=int, default=20, help="held-out prompts of the final KL (default 20)")
     c.add_argument("--kl-samples", type=int, default=16, help="policy samples per prompt of the final KL (default 16)")
     c.add_argument(
@@ -354,6 +359,7 @@ GRID_KEYS = ("kl.head", "kl.beta", "kl.form", "kl.level", "train.seed", "train.o
 
 
 def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
+    from klgrad.choices import is_preset_id
     from klgrad.compare.grid import METHODS, run_compare
     from klgrad.config import ConfigError, parse_override_args
     from klgrad.runlock import RunLockedError
@@ -363,7 +369,7 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.merge:
         return cmd_merge(args)
     methods = tuple(args.methods.split(",")) if args.methods else METHODS
-    bad = [m for m in methods if m not in METHODS and ":" not in m]
+    bad = [m for m in methods if m not in METHODS and ":" not in m and not is_preset_id(m)]
     why = None
     if (
         bad
@@ -375,7 +381,8 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
         or any(n == 1 or n < 0 for n in (args.optimum_ref_samples, args.forgetting_samples))
     ):
         why = (
-            f"unknown methods {bad}; choose from {list(METHODS)}"
+            f"unknown methods {bad}; choose from {list(METHODS)}, a head's package.module:name or a framework "
+            "preset id (klgrad audit --framework all)"
             if bad
             else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0, "
             "--optimum-ref-samples and --forgetting-samples 0 or >= 2"

@@ -21,6 +21,7 @@ equal the full-batch gradient exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
     from klgrad.config import Config
 
 
+KLTerm = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]
+"""``term(logp, ref_logp, mask, old_logp) -> (B,)``: a decoupled KL term's per-sequence token totals Σ_t (β not
+included; ``old_logp`` None on-policy), in place of a head's :func:`klgrad.kl.kl_loss_per_sequence`: a framework
+preset's term (:func:`klgrad.audit.framework_head.preset_term`), built by the trainer from its record."""
+
+
 @dataclass(frozen=True)
 class ObjectiveSpec:
     """What the loss is made of (docs/math.md): a run config's own records, unchanged and checked when made.
@@ -59,6 +66,8 @@ class ObjectiveSpec:
     """The policy-gradient options (:class:`klgrad.config.AlgoConfig`)."""
     max_log_ratio: float = MAX_LOG_RATIO
     """Cap of importance log-ratios in value (overflow guard; gradients pass unchanged)."""
+    kl_term: KLTerm | None = None
+    """The decoupled KL term when ``kl.head`` is a framework preset (:data:`KLTerm`); None: the head's."""
 
     def __post_init__(self) -> None:
         if not self.max_log_ratio > 0:
@@ -67,6 +76,18 @@ class ObjectiveSpec:
     @property
     def head(self) -> KLHead:
         return get_kl_head(self.kl.head)
+
+    @property
+    def kl_active(self) -> bool:
+        """Whether the loss has a separate KL term: decoupled, β > 0, and a preset's term or a head other than
+        ``none``."""
+        decoupled = self.kl.form == "decoupled" and self.kl.beta > 0
+        return decoupled and (self.kl_term is not None or self.head.style != "none")
+
+    @property
+    def kl_aggregation(self) -> Aggregation:
+        """The KL term's aggregation: ``kl.aggregation``, else ``algo.aggregation``."""
+        return self.kl.aggregation or self.pg.aggregation
 
     @classmethod
     def from_config(cls, cfg: Config) -> ObjectiveSpec:
@@ -239,7 +260,10 @@ def policy_objective(
     num_tokens: int | float | None = None,
     mismatch_weights: Tensor | None = None,
 ) -> ObjectiveTerms:
-    r"""loss = agg(w ⊙ reward head) + β·agg(KL head, decoupled only) - entropy_coef·agg(entropy).
+    r"""loss = agg(w ⊙ reward head) + β·agg'(KL head, decoupled only) - entropy_coef·agg(entropy).
+
+    agg is ``algo.aggregation``, agg' the KL term's (``kl.aggregation``, default agg). The KL term is
+    ``spec.kl_term`` when set (a framework preset's), else the head's :func:`klgrad.kl.kl_loss_per_sequence`.
 
     Args:
         logp, ref_logp, mask: (B, T); ``logp`` carries gradient.
@@ -276,7 +300,10 @@ def policy_objective(
         pg_per_token = pg_per_token * w
     pg = aggregate(pg_per_token, mask, **agg)
     kl = torch.zeros((), dtype=pg.dtype)
-    if spec.kl.form == "decoupled" and spec.head.style != "none" and spec.kl.beta > 0:
+    kl_agg = {**agg, "mode": spec.kl_aggregation}
+    if spec.kl_active and spec.kl_term is not None:
+        kl = aggregate_totals(spec.kl_term(logp, ref_logp, mask, old_logp), mask, **kl_agg)
+    elif spec.kl_active:
         kl_totals = kl_loss_per_sequence(
             spec.head,
             logp,
@@ -289,7 +316,7 @@ def policy_objective(
             is_correction=spec.kl.is_correction,
             max_log_ratio=spec.max_log_ratio,
         )  # (B,)
-        kl = aggregate_totals(kl_totals, mask, **agg)
+        kl = aggregate_totals(kl_totals, mask, **kl_agg)
     ent = torch.zeros((), dtype=pg.dtype)
     if spec.pg.entropy_coef > 0:
         if entropy is None:
@@ -343,8 +370,8 @@ def objective_diagnostics(
     dual = (a < 0) & (ratio > spec.pg.dual_clip) if spec.pg.dual_clip is not None else torch.zeros_like(mask)
     out["dual_clip_frac"] = float((dual & mask).sum() / n_tok)
     out["kl_clip_frac"] = 0.0
-    kl_active = spec.kl.form == "decoupled" and spec.head.style != "none" and spec.kl.beta > 0
-    if kl_active and spec.kl.is_correction and spec.kl.clip_eps is not None:
+    head_active = spec.kl_active and spec.kl_term is None  # a preset's term clips by its own rule
+    if head_active and spec.kl.is_correction and spec.kl.clip_eps is not None:
         coef = level_coefficients(spec.head, l, r, mask, spec.kl.level)  # (B, T)
         kl_ratio = importance_ratio(l, o, mask, spec.kl.ratio_level, spec.max_log_ratio)  # (B, T)
         eps = spec.kl.clip_eps

@@ -19,6 +19,7 @@ from klgrad.compare.grid import (
     prediction_tests,
     rewrite_summary,
     run_compare,
+    run_name,
     summarize,
     summary_markdown,
 )
@@ -135,6 +136,23 @@ def test_methods_differ_only_in_the_kl_choice():
     assert method_overrides("k1_in_reward", "sequence", 0.5)["kl.form"] == "combined"
     with pytest.raises(ValueError, match="unknown method"):
         method_overrides("k4", "token", 0.5)
+
+
+def test_a_framework_preset_is_a_method_with_its_own_level_form_and_aggregation():
+    """``--methods trl/grpo-k3,...``: the preset's kl settings (klgrad.audit.framework_head), whatever --level; an
+    unknown id names its close matches; its runs get one folder each."""
+    o = method_overrides("openrlhf/k1-reward", "token", 0.5)
+    assert o == {
+        "kl.head": "openrlhf/k1-reward",
+        "kl.beta": 0.5,
+        "kl.level": "token_to_go",
+        "kl.form": "decoupled",
+        "kl.aggregation": "token_mean",
+    }
+    assert method_overrides("slime/kl-loss-k1", "sequence", 0.1)["kl.level"] == "token"
+    with pytest.raises(ValueError, match=r"did you mean \['trl/grpo-k3'"):
+        method_overrides("trl/grpo-k4", "token", 0.5)
+    assert run_name("trl/grpo-k3", 0.5, 1) == "trl+grpo-k3-beta0.5-seed1"
 
 
 # ----------------------------------------------------------------------------------------------------------

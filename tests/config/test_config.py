@@ -635,7 +635,7 @@ def test_a_yaml_with_three_mistakes_reports_all_three(tmp_path):
         load_config(p)
     assert e.value.problems == [
         "kl.bta is not a config field; allowed here: ['head', 'level', 'form', 'clip_eps', 'ratio_level', "
-        "'is_correction', 'beta', 'target_kl', 'adapt_rate', 'reset_ref_every']; did you mean 'beta'?",
+        "'is_correction', 'beta', 'target_kl', 'adapt_rate', 'reset_ref_every', 'aggregation']; did you mean 'beta'?",
         f"algo.shaping must be {', '.join(map(repr, SHAPING_METHODS[:-1]))} or 'reinforce_pp_baseline', got 'grpo2'; "
         "did you mean 'grpo'?",
         "optim.lr must be greater than 0, got -1e-06",

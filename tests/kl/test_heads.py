@@ -655,6 +655,8 @@ def test_get_kl_head_unknown_and_passthrough():
         get_kl_head("k4_as_loss")
     for name in HEAD_NAMES:
         assert name in str(err.value)
+    with pytest.raises(ValueError, match="framework preset id, not a KL head"):  # the trainer builds its term
+        get_kl_head("trl/grpo-k3")
     h = custom_kl_head(lambda l, r: l - r)
     assert get_kl_head(h) is h
     assert get_kl_head("k2_as_loss") is KL_HEADS["k2_as_loss"]

@@ -156,6 +156,28 @@ def test_off_policy_combined_and_adaptive_paths_do_what_they_say(tmp_path, over)
         assert any(not torch.equal(policy[k], start[k]) for k in policy.keys() & start.keys())  # not the start
 
 
+def test_a_framework_preset_head_trains_records_its_settings_and_says_what_it_overrode(tmp_path, capsys):
+    """``kl.head: <preset id>`` (klgrad.audit.framework_head): the run's config.yaml holds the preset's level, form
+    and aggregation, stderr names what it overrode, and its KL term is a loss of its own (verl's low_var_kl: 0 at
+    step 1, where π = π_ref, then k3 > 0)."""
+    from klgrad.config import load_config
+
+    head = "verl/kl-loss-low-var-kl"
+    over = {"kl.form": "combined", "kl.level": "sequence", "optim.lr": 1e-2}
+    cfg = small(tmp_path, **{"kl.head": head, "train.steps": 2, "train.eval_every": 0, **over})
+    train(cfg, progress=False)
+    run = Path(cfg.train.out_dir)
+    kl = load_config(run / "config.yaml").kl
+    assert (kl.head, kl.level, kl.form, kl.aggregation) == (head, "token", "decoupled", "token_mean")
+    err = capsys.readouterr().err
+    assert f"kl.head {head} (" in err
+    assert "(overriding kl.level sequence, kl.form combined, kl.aggregation null)" in err
+    rs = [r for r in read_jsonl(run / "metrics.jsonl") if "reward/mean" in r]
+    assert len(rs) == 2
+    assert rs[0]["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # float32 log-probs of one model: k3(u ≈ 0) ≈ u²/2
+    assert rs[1]["loss/kl"] > 1e-3
+
+
 def test_file_data_path_runs(tmp_path):
     cfg = small(
         tmp_path,

@@ -162,11 +162,23 @@ class FrameworkKL:
         """Reward presets: the per-token KL penalty from the behaviour log-probs, (N, T), detached, 0 at padding."""
         return torch.where(mask, self.token_kl(behaviour, ref_lp, behaviour, mask), 0.0).detach()
 
-    def loss(self, ref_lp: Tensor, mask: Tensor, aggregation: str) -> Callable[[Tensor, Tensor], Tensor]:
+    def penalty_mean(self, behaviour: Tensor, ref_lp: Tensor, mask: Tensor, weights: Tensor) -> Tensor:
+        """The batch baseline b = Σ_i w_i Σ_t m_it k_it / Σ_i w_i |y_i|, a scalar: the penalty's mean over the
+        sampled tokens, responses weighted by ``weights`` (N,) (the audit: each enumerated response's probability
+        e^{Σ behaviour}, the exact expectation; training: ones, the batch's token mean as the framework takes it)."""
+        penalty = self.penalty(behaviour, ref_lp, mask)  # (N, T)
+        tokens = (weights[:, None] * mask).sum()
+        return (weights[:, None] * penalty).sum() / tokens
+
+    def loss(
+        self, ref_lp: Tensor, mask: Tensor, aggregation: str, baseline: Tensor | None = None
+    ) -> Callable[[Tensor, Tensor], Tensor]:
         """``per_sequence(logp (N, T), behaviour_logp (N, T)) -> (N,)`` for
         :func:`klgrad.audit.tabular.expected_gradient`, the per-token terms reduced by ``aggregation``
-        (``token_sum`` for the sum family, ``seq_mean``). The batch baseline is the penalty's exact mean over
-        the sampled tokens: every response is enumerated, with probability e^{Σ behaviour}."""
+        (``token_sum`` for the sum family, ``seq_mean``). ``baseline``: the batch baseline b of a
+        ``batch_baseline`` preset (:meth:`penalty_mean`); None: the penalty's exact mean over the sampled tokens
+        (every response is enumerated, with probability e^{Σ behaviour}). The trainer
+        (:mod:`klgrad.audit.framework_head`) passes its batch's token mean."""
         if aggregation not in ("token_sum", "seq_mean"):
             raise ValueError("aggregation must be token_sum or seq_mean (the sum family is audited as token_sum)")
 
@@ -180,8 +192,8 @@ class FrameworkKL:
             penalty = self.penalty(behaviour, ref_lp, mask)  # (N, T)
             if self.batch_baseline:
                 q = behaviour.sum(-1).exp()  # (N,) probability of each enumerated response
-                tokens = (q[:, None] * mask).sum()
-                penalty = torch.where(mask, penalty - (q[:, None] * penalty).sum() / tokens, 0.0)
+                b = self.penalty_mean(behaviour, ref_lp, mask, q) if baseline is None else baseline
+                penalty = torch.where(mask, penalty - b, 0.0)
             if self.returns == "sequence":
                 ret = penalty.sum(-1, keepdim=True).expand_as(penalty)
             elif self.returns == "to_go":

@@ -280,6 +280,38 @@ REMEDIES: tuple[Remedy, ...] = (
 )
 
 
+TRAINING = """## Training with a framework's KL: `--kl.head <preset id>`
+
+Every preset id above trains: `klgrad train --kl.head verl/kl-loss-low-var-kl --kl.beta 0.1` (or `kl.head:` in a
+config file, or `klgrad compare --methods k2_as_loss,trl/grpo-k3,openrlhf/k1-reward`) makes that framework's KL
+term the run's KL term. The term is built from the very record this page's rows differentiate
+(`src/klgrad/audit/framework_head.py` calls the preset's own loss; a test checks, for every preset and regime, that
+one training step's KL gradient equals the audit's gradient of that preset on the same batch). So it keeps the
+framework's per-token rule, clamps, ratio handling, entry point and aggregation:
+
+- **in the loss** (`style` loss): Σ_t of the per-token term on the trainer's log-probs, the behaviour log-probs
+  its ratio uses (on-policy, the policy's own, detached);
+- **in the reward**: the penalty computed once from the behaviour log-probs (no gradient), turned into its return
+  (the response's sum, reward-to-go with the recorded λ, or per token), then a PPO-clipped policy-gradient term of
+  its own with advantage −β·return (the recorded ratio and clip; tinker's with no clip and the batch's token mean
+  subtracted). It is added beside the task reward's shaped advantage, not shaped with it: the framework's reward
+  entry when the shaping passes the KL through linearly and unnormalised (`algo.shaping: none`). Where a
+  framework divides the KL by a reward std (see “Not modelled”), the trained term, like the audited one, does not.
+  Its clip acts on the KL part alone, which off-policy differs from a clip of the summed advantage; on-policy the
+  gradients agree.
+
+The preset's settings win over the config's: `kl.level` (`token` for a loss; `sequence`, `token_to_go` or
+`token` for a reward's return), `kl.form: decoupled` (a term of its own) and `kl.aggregation` (the framework's:
+`token_sum` → `seq_mean_token_sum`, `token_mean` → `token_mean`, `seq_mean` → `seq_mean_token_mean`; the policy
+loss keeps `algo.aggregation`). The run's `config.yaml` records these effective values, and `klgrad train` prints
+one line saying what the preset set and which configured values it overrode. `kl.beta` is the term's weight (the
+framework's own default coefficient is not taken: **Sources** notes it); `kl.clip_eps`, `kl.ratio_level` and
+`kl.is_correction` do not apply, the record has its own ratio and clip. A preset whose reference is the behaviour
+policy (RPG's iterative reference, prime-rl) uses the behaviour log-probs as its reference. An unknown id is refused
+before anything is written, naming `kl.head` and the closest ids.
+"""
+
+
 def _join(items) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     items = list(items)
@@ -356,7 +388,7 @@ def findings(rows: list[dict]) -> str:
 
 
 def frameworks_markdown() -> str:
-    """The page: intro, the audit's tables, findings, remedies and sources."""
+    """The page: intro, the audit's tables, findings, remedies, precision, training with a preset and sources."""
     rows = framework_rows(make_problem(AuditConfig()), dtype="bfloat16")
     by_id = {p.id: p for p in PRESETS}
     aggregations = "\n".join(
@@ -391,6 +423,7 @@ def frameworks_markdown() -> str:
             )
     lines.append(findings(rows))
     lines.append(precision_markdown([(m.framework, m.flags, m.preset) for m in REMEDIES if m.preset is not None]))
+    lines.append(TRAINING)
     lines.append("## Sources\n")
     for name in FRAMEWORKS:
         lines.append(f"### {name}\n")

@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from klgrad.audit.framework_head import find_preset, preset_settings
+from klgrad.choices import is_preset_id
 from klgrad.compare.claims import Claim, parse_claim, same_claim
 from klgrad.compare.convergence import ConvergenceCriterion, converged, metric_series
 from klgrad.compare.design import GRID_FILE, now, read_grid, settle_design, shared_config, write_json
@@ -99,7 +101,13 @@ def final_value(run: dict, key: str):
 
 
 def method_overrides(method: str, level: str, beta: float) -> dict:
-    """Config overrides that make one method of the comparison."""
+    """Config overrides that make one method of the comparison: a klgrad head at ``level``, a user's
+    ``package.module:name``, or a framework preset id (``trl/grpo-k3``), which brings its own ``kl.level``,
+    ``kl.form`` and ``kl.aggregation`` (:func:`klgrad.audit.framework_head.preset_settings`; ``level`` does not
+    apply)."""
+    if is_preset_id(method):  # an unknown id: a ValueError with the close matches
+        settings = preset_settings(find_preset(method))
+        return {"kl.head": method, "kl.beta": beta, **{f"kl.{k}": v for k, v in settings.items()}}
     if method == "none":
         return {"kl.head": "none", "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
     if method == "k1_in_reward":
@@ -117,7 +125,9 @@ def method_overrides(method: str, level: str, beta: float) -> dict:
         if get_kl_head(method).style == "in_reward":
             return {**method_overrides("k1_in_reward", level, beta), "kl.head": method}
         return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS} or a head's 'package.module:name'")
+    raise ValueError(
+        f"unknown method {method!r}; choose from {METHODS}, a head's 'package.module:name' or a framework preset id"
+    )
 
 
 @torch.no_grad()
@@ -344,7 +354,8 @@ def extendable(run_dir: Path, steps: int) -> bool:
 
 
 def run_name(method: str, beta: float, seed: int) -> str:
-    return f"{method}-beta{beta:g}-seed{seed}"
+    """The run's folder under ``runs/``: a preset id's ``/`` becomes ``+`` (one folder per run)."""
+    return f"{method.replace('/', '+')}-beta{beta:g}-seed{seed}"
 
 
 def grid_runs(record: dict) -> list[tuple[str, float, int]]:
@@ -1018,7 +1029,7 @@ EVAL_PANELS = (
 
 
 def _run_records(out_dir: Path, method: str, beta: float, seeds: list[int]) -> list[list[dict]]:
-    return [read_jsonl(out_dir / "runs" / f"{method}-beta{beta:g}-seed{s}" / "metrics.jsonl") for s in seeds]
+    return [read_jsonl(out_dir / "runs" / run_name(method, beta, s) / "metrics.jsonl") for s in seeds]
 
 
 def plot_grid(out_dir: Path, grid, methods, betas) -> None:

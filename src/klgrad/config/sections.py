@@ -147,7 +147,8 @@ class KLHeadOptions:
     """The KL term: head, level, form, off-policy correction. The ``kl`` section's base and the TRL plug-in's."""
 
     head: Annotated[str, c.OrImportPath(c.HeadName)] = "k2_as_loss"
-    """KL head: a built-in (klgrad.KL_HEADS), a registered one, or 'package.module:name' (a penalty, a KLHead)."""
+    """KL head: a built-in (klgrad.KL_HEADS), a registered one, 'package.module:name' (a penalty, a KLHead), or a
+    framework preset id of `klgrad audit --framework` (trl/grpo-k3: that framework's KL term; docs/frameworks.md)."""
     level: c.Level = "sequence"
     """Where the head acts: sequence | token_to_go | token (token: decoupled only)."""
     form: c.Form = "decoupled"
@@ -178,6 +179,8 @@ class KLConfig(KLHeadOptions):
     """Adaptive β: proportional gain per step (β *= 1 + rate·clip(KL/target - 1, ±0.2)/0.2)."""
     reset_ref_every: AtLeastOne | None = None
     """Copy the policy into the reference every N steps (ProRL); None = never."""
+    aggregation: c.Aggregation | None = None
+    """Aggregation of the decoupled KL term; null = algo.aggregation. A framework preset head sets its own."""
 
 
 @record

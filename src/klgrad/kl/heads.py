@@ -465,6 +465,11 @@ def get_kl_head(name: str | KLHead) -> KLHead:
     if name not in KL_HEADS:
         if isinstance(name, str) and ":" in name:
             return load_kl_head(name)
+        if isinstance(name, str) and "/" in name:
+            raise ValueError(
+                f"{name!r} is a framework preset id, not a KL head: its term is built by the trainer "
+                "(klgrad.audit.framework_head.preset_term) for `klgrad train` and `klgrad compare`"
+            )
         raise ValueError(
             f"unknown KL head {name!r}; choose one of {sorted(KL_HEADS)}, a registered head, or 'package.module:name'"
         )

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from klgrad.audit.framework_head import resolve_preset
 from klgrad.config import Config
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.distributed import Dist, check_config
@@ -80,6 +81,10 @@ def train(
 ) -> dict:
     """Run (or resume) RL training as configured; returns the summary dict (also written to summary.json).
 
+    When ``kl.head`` is a framework preset id, the preset's ``kl.level``, ``kl.form`` and ``kl.aggregation``
+    replace the configured ones before anything else (:func:`klgrad.audit.framework_head.resolve_preset`): the
+    run's config.yaml records them, and a line on stderr says what the preset overrode.
+
     A resume refuses a config that differs from the run's recorded one outside
     :data:`~klgrad.trainer.setup.RESUMABLE` (:func:`~klgrad.trainer.setup.check_resume`), before anything is
     loaded or written. ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`; default: from the
@@ -100,6 +105,9 @@ def train(
     if isinstance(cfg.train.threads, int):
         torch.set_num_threads(cfg.train.threads)
     dist = Dist.from_env(cfg.model.device)  # the accelerator's placement: the same rule as resolve_device
+    cfg, preset_line = resolve_preset(cfg)  # kl.head a framework preset: its level, form, aggregation win
+    if preset_line and dist.is_main:
+        print(preset_line, file=sys.stderr, flush=True)
     check_config(cfg, dist.world)
     if resume:
         check_resume(cfg, Path(cfg.train.out_dir))

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import torch
 
+from klgrad.audit.framework_head import find_preset
+from klgrad.audit.framework_kl import FrameworkKL
+from klgrad.choices import is_preset_id
 from klgrad.config import Config, ConfigError, load_config, to_dict
 from klgrad.data.example import Example
 from klgrad.data.loaders import load_examples
@@ -51,11 +54,12 @@ def load_data(cfg: Config) -> tuple[list[Example], list[Example]]:
     return train, heldout
 
 
-def kl_head(cfg: Config) -> KLHead:
+def kl_head(cfg: Config) -> KLHead | FrameworkKL:
     """``kl.head``: a built-in, a registered head or a user's ``module:name``, imported now (before anything is
-    written). Raises :class:`ConfigError` naming ``kl.head`` when it cannot be loaded."""
+    written), or a framework preset's record. Raises :class:`ConfigError` naming ``kl.head`` when it cannot be
+    loaded (an unknown preset id: with its close matches)."""
     try:
-        return get_kl_head(cfg.kl.head)
+        return find_preset(cfg.kl.head) if is_preset_id(cfg.kl.head) else get_kl_head(cfg.kl.head)
     except ValueError as e:
         raise ConfigError(f"kl.head: {e}") from None
 

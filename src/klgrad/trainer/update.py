@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from klgrad.audit.framework_head import find_preset, penalty_sums, preset_term, resolve_preset
+from klgrad.choices import is_preset_id
 from klgrad.config import Config
 from klgrad.distributed import Dist
 from klgrad.logprobs import sequence_logprobs
@@ -138,6 +140,27 @@ def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
     return [groups[k::mini_batches].reshape(-1) for k in range(mini_batches)]
 
 
+def loss_spec(
+    cfg: Config, batch: Batch, policy: torch.nn.Module, logprob_fn: LogprobFn, dist: Dist = SINGLE
+) -> ObjectiveSpec:
+    """The loss ``cfg``'s records describe, ``ObjectiveSpec(cfg.kl, cfg.algo)``; when ``kl.head`` is a framework
+    preset id, with the preset's term (:func:`klgrad.audit.framework_head.preset_term`) built from its record.
+    A ``batch_baseline`` preset's baseline is the penalty's token mean over the step's whole batch (every rank),
+    from the behaviour log-probs: ``batch.old_logp``, or on-policy a no-grad forward of ``policy``."""
+    if not is_preset_id(cfg.kl.head):
+        return ObjectiveSpec(cfg.kl, cfg.algo)
+    preset = find_preset(cfg.kl.head)
+    baseline = None
+    if preset.batch_baseline:
+        behaviour = batch.old_logp
+        if behaviour is None:
+            with torch.no_grad():
+                behaviour, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
+        total, tokens = dist.sum(list(penalty_sums(preset, behaviour, batch.ref_logp, batch.mask)))
+        baseline = total / max(tokens, 1.0)
+    return ObjectiveSpec(cfg.kl, cfg.algo, kl_term=preset_term(preset, baseline))
+
+
 def step_advantages(batch: Batch, cur_logp: Tensor | None, cfg: Config, spec: ObjectiveSpec, dist: Dist) -> Tensor:
     """(n, T) advantages of this rank's rows, from the whole step's batch (batch-level shaping and the combined
     form's statistics are global; each rank gathers the batch and keeps its rows). The KL term and the shaping
@@ -226,7 +249,7 @@ def update(
 ) -> UpdateStats:
     """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns the mean statistics. The loss
     is the one ``cfg``'s records describe: ``ObjectiveSpec(cfg.kl, cfg.algo)`` (its β: ``cfg.kl.beta``, the β in
-    force).
+    force), with a framework preset's term when ``kl.head`` is a preset id (:func:`loss_spec`).
 
     A non-finite loss or gradient norm (on any rank) skips that optimizer step: gradients are dropped, weights
     and AdamW state stay untouched, and ``skipped_updates`` counts it.
@@ -237,7 +260,8 @@ def update(
     summed gradient equals the single-process one. Statistics are summed over ranks (grad norm: already global).
     ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`; default: none).
     """
-    spec = ObjectiveSpec(cfg.kl, cfg.algo)  # the config's own records, handed to the loss as they are
+    cfg, _ = resolve_preset(cfg)  # a framework preset's kl settings (train() has applied and shown them)
+    spec = loss_spec(cfg, batch, policy, logprob_fn, dist)  # the config's own records, handed to the loss as they are
     train_model = PolicyLogprobs(policy, logprob_fn) if train_model is None else train_model
     n = batch.mask.shape[0]
     mini_batches = mini_batch_rows(n, cfg.rollout.group_size, cfg.algo.mini_batches)
