@@ -1,0 +1,233 @@
+"""Prediction against measurement, distance to the optimum and the downstream table of a ``klgrad compare`` grid
+on a real model (the converged SmolLM2 sharpening grid, results/smollm2_sharpen_converged/):
+
+    python scripts/sharpen_report.py GRID_DIR REGIME_JSON [--out DIR]
+
+``REGIME_JSON`` is ``klgrad regime --split heldout`` on the grid's config and β: the reference sampled K times on
+the same held-out prompts the grid's final KL is measured on (``--kl-prompts``, in the same order). Reads each
+finished run's ``final.json`` (``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval`` of the final
+policy and its per-problem completions) and writes into ``--out`` (default: GRID_DIR):
+
+- ``prediction.png`` / ``prediction.json``: per held-out prompt, each head's measured KL(π‖π_ref) (mean over
+  seeds) against ``klgrad regime``'s fixed-point KL for that head (k2_as_loss and k1_in_reward: the reverse-KL
+  optimum π* ∝ π_ref·e^{R/β}; k3_as_loss: the forward-KL fixed point), with the Pearson correlation over prompts
+  and the mean gap measured − predicted (t interval over seeds);
+- ``optimum.json``: each run's KL(π‖π*) on the held-out prompts,
+
+      KL(π‖π*) = mean_x [ KL_x(π‖π_ref) − p_x/β + log Z_x ],   Z_x = Σ_r m_x(r)·e^{r/β},
+
+  KL_x the run's stepwise KL (16 policy samples), p_x the mean reward of the downstream evaluation's samples
+  (8 per prompt, at the run's temperature: the task's 0/1 reward), m_x the regime's reward masses (K reference
+  samples). The three pieces come from independent samples, so the estimate is unbiased up to log Ẑ's Jensen
+  bias and its variance is the sum of theirs: SE² = se_KL² + Σ_x p̂_x(1 − p̂_x)/(n_x·β²)/P² +
+  Σ_x Var(W)/(K·Ẑ_x²)/P² (W = e^{R/β} over the reference samples; the delta method for log Ẑ). Prompts the
+  reference never rewarded in K samples are counted (their log Z is then only bounded, see
+  klgrad.exact.estimators);
+- ``downstream.md`` / ``downstream.json``: per method, mean ± 95% t interval over seeds of greedy accuracy,
+  pass@1 and pass@8 on the held-out prompts and on the harder variant, and each paired difference between two
+  methods (per-seed differences, t interval and sign-flip p).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from klgrad.compare.stats import mean_ci
+from klgrad.plotting import pyplot, save
+
+PREDICTED = {"k2_as_loss": "kl_reverse", "k1_in_reward": "kl_reverse", "k3_as_loss": "kl_forward"}
+"""Which of the regime's fixed points each head is predicted to reach."""
+COLORS = {"k2_as_loss": "#808000", "k3_as_loss": "firebrick", "k1_in_reward": "royalblue", "none": "#555555"}
+
+
+def ci(xs: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95% t interval (NaN bounds for fewer than 2 values)."""
+    m, half = mean_ci(xs)
+    return m, m - half, m + half
+
+
+def log_z(masses: list[tuple[float, float]], beta: float) -> float:
+    """log Σ_r m(r)·e^{r/β}, computed stably (log-sum-exp)."""
+    a = [math.log(m) + r / beta for r, m in masses if m > 0]
+    top = max(a)
+    return top + math.log(sum(math.exp(x - top) for x in a))
+
+
+def log_z_var(masses: list[tuple[float, float]], beta: float, k: int) -> float:
+    """Var(log Ẑ) ≈ Var(W)/(K·Z²) with W = e^{R/β} under the sampled masses (the delta method)."""
+    z = sum(m * math.exp(r / beta) for r, m in masses)
+    ew2 = sum(m * math.exp(2 * r / beta) for r, m in masses)
+    return (ew2 - z * z) / (k * z * z)
+
+
+def runs(grid: Path) -> list[dict]:
+    """Every finished run: method, seed and final.json."""
+    out = []
+    for d in sorted((grid / "runs").glob("*")):
+        f = d / "final.json"
+        if f.is_file():
+            method, _, seed = d.name.partition("-beta")
+            out.append(
+                {"method": method, "seed": int(seed.rsplit("seed", 1)[1]), "dir": d, "final": json.loads(f.read_text())}
+            )
+    return out
+
+
+def per_problem_rewards(run_dir: Path, bench: str) -> dict[str, list[bool]]:
+    """The downstream evaluation's per-sample correctness on one benchmark, by problem id."""
+    path = run_dir / "downstream" / "eval" / "completions" / "policy" / f"{bench}.jsonl"
+    return {r["id"]: r["correct"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
+    """KL(π‖π*) of one run on the held-out prompts (module docstring) with its SE."""
+    f = run["final"]
+    kls = f["stepwise_kl_per_prompt"]
+    prompts = regime["prompts"][: len(kls)]
+    correct = list(per_problem_rewards(run["dir"], "heldout").values())[: len(kls)]
+    k = regime["samples_per_prompt"]
+    terms, var_p, var_z = [], 0.0, 0.0
+    for kl, entry, c in zip(kls, prompts, correct, strict=True):
+        masses = [tuple(m) for m in entry["masses"]]
+        p = sum(c) / len(c)
+        terms.append(kl - p / beta + log_z(masses, beta))
+        var_p += p * (1 - p) / len(c) / beta**2
+        var_z += log_z_var(masses, beta, k)
+    n = len(terms)
+    se = math.sqrt(f["stepwise_kl_se"] ** 2 + (var_p + var_z) / n**2)
+    never = sum(e["success_rate"] == 0 for e in prompts)
+    return {"kl_to_optimum": sum(terms) / n, "se": se, "prompts": n, "prompts_never_rewarded": never}
+
+
+def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
+    """Per-seed differences a − b over the seeds both have: mean, 95% t interval, exact sign-flip p."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    d = np.array([a[s] - b[s] for s in seeds])
+    m, lo, hi = ci(list(d))
+    signs = np.array(np.meshgrid(*[[-1, 1]] * len(d))).reshape(len(d), -1).T
+    flips = np.abs((signs * np.abs(d)).mean(1))
+    p = float((flips >= abs(d.mean()) - 1e-12).mean())
+    return {"n": len(seeds), "mean": m, "ci": [lo, hi], "sign_flip_p": p}
+
+
+def prediction(rs: list[dict], regime: dict, out: Path) -> dict:
+    """The per-prompt scatter and its numbers (module docstring)."""
+    fig, ax = pyplot().subplots(figsize=(6.2, 5.2))
+    result = {}
+    top = 0.0
+    for method, key in PREDICTED.items():
+        mine = [r for r in rs if r["method"] == method and "stepwise_kl_per_prompt" in r["final"]]
+        if not mine:
+            continue
+        per_seed = np.array([r["final"]["stepwise_kl_per_prompt"] for r in mine])  # (seeds, P)
+        pred = np.array([e[key] for e in regime["prompts"][: per_seed.shape[1]]])
+        meas = per_seed.mean(0)
+        gaps = (per_seed - pred).mean(1)  # per seed: mean over prompts of measured − predicted
+        m, lo, hi = ci([float(g) for g in gaps])
+        r_corr = float(np.corrcoef(pred, meas)[0, 1]) if pred.std() > 0 and meas.std() > 0 else math.nan
+        result[method] = {
+            "seeds": len(mine),
+            "predicted_mean": float(pred.mean()),
+            "measured_mean": float(meas.mean()),
+            "gap_mean": m,
+            "gap_ci": [lo, hi],
+            "pearson_r": r_corr,
+            "per_prompt": {"predicted": pred.tolist(), "measured": meas.tolist()},
+        }
+        ax.scatter(
+            pred, meas, s=22, alpha=0.8, color=COLORS[method], label=f"{method} (r = {r_corr:.2f}, gap {m:+.3f})"
+        )
+        top = max(top, float(pred.max()), float(meas.max()))
+    ax.plot([0, top * 1.05], [0, top * 1.05], color="#999999", lw=1, ls="--", label="measured = predicted")
+    ax.set_xlabel("predicted fixed-point KL(π‖π_ref) per prompt (klgrad regime)")
+    ax.set_ylabel("measured final KL(π‖π_ref) per prompt, mean over seeds")
+    ax.set_title("held-out prompts: prediction against measurement", fontsize=10)
+    ax.legend(fontsize=8)
+    save(fig, out / "prediction.png", 150)
+    (out / "prediction.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def cell(v: dict, signed: bool = False) -> str:
+    """``mean [lo, hi]`` of a table entry."""
+    f = "+.3f" if signed else ".3f"
+    return f"{v['mean']:{f}} [{v['ci'][0]:{f}}, {v['ci'][1]:{f}}]"
+
+
+def downstream(rs: list[dict], out: Path) -> dict:
+    """The downstream table (module docstring)."""
+    keys = [("heldout", "greedy_accuracy"), ("heldout", "pass@1"), ("heldout", "pass@k"), ("harder", "greedy_accuracy"),
+            ("harder", "pass@1"), ("harder", "pass@k")]  # fmt: skip
+    methods = sorted({r["method"] for r in rs if "downstream" in r["final"]})
+    table: dict = {}
+    for m in methods:
+        row = {}
+        for bench, key in keys:
+            vals = {
+                r["seed"]: r["final"]["downstream"]["eval"]["benchmarks"][bench][key] for r in rs if r["method"] == m
+            }
+            mean, lo, hi = ci(list(vals.values()))
+            row[f"{bench}/{key}"] = {"mean": mean, "ci": [lo, hi], "seeds": len(vals), "by_seed": vals}
+        table[m] = row
+    pairs = {}
+    for i, a in enumerate(methods):
+        for b in methods[i + 1 :]:
+            pairs[f"{a} - {b}"] = {
+                col: paired({int(s): v for s, v in table[a][col]["by_seed"].items()},
+                            {int(s): v for s, v in table[b][col]["by_seed"].items()})
+                for col in table[a]
+            }  # fmt: skip
+    lines = ["| method | seeds | " + " | ".join(f"{b} {k}" for b, k in keys) + " |", "|---" * (len(keys) + 2) + "|"]
+    for m in methods:
+        cells = [cell(table[m][f"{b}/{k}"]) for b, k in keys]
+        lines.append(f"| {m} | {table[m][f'{keys[0][0]}/{keys[0][1]}']['seeds']} | " + " | ".join(cells) + " |")
+    lines += ["", "Paired differences (per-seed, mean [95% t interval], exact sign-flip p):", ""]
+    lines += ["| difference | " + " | ".join(f"{b} {k}" for b, k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for name, cols in pairs.items():
+        cells = []
+        for b, k in keys:
+            t = cols[f"{b}/{k}"]
+            cells.append(
+                "–"
+                if t is None
+                else f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] p={t['sign_flip_p']:.3f}"
+            )
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    (out / "downstream.md").write_text("\n".join(lines) + "\n")
+    (out / "downstream.json").write_text(json.dumps({"table": table, "paired": pairs}, indent=1, default=str))
+    return {"table": table, "paired": pairs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("grid", type=Path)
+    ap.add_argument("regime", type=Path)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    out = args.out or args.grid
+    out.mkdir(parents=True, exist_ok=True)
+    regime = json.loads(args.regime.read_text())
+    beta = regime["beta"]
+    rs = runs(args.grid)
+    pred = prediction(rs, regime, out)
+    opt = {f"{r['method']}/seed{r['seed']}": kl_to_optimum(r, regime, beta) for r in rs if "downstream" in r["final"]}
+    (out / "optimum.json").write_text(json.dumps(opt, indent=1))
+    down = downstream(rs, out)
+    for m, v in pred.items():
+        print(f"{m}: predicted {v['predicted_mean']:.3f}, measured {v['measured_mean']:.3f}, gap {v['gap_mean']:+.3f} "
+              f"{v['gap_ci']}, r = {v['pearson_r']:.2f} ({v['seeds']} seeds)")  # fmt: skip
+    for k, v in opt.items():
+        print(f"{k}: KL(π‖π*) = {v['kl_to_optimum']:.3f} ± {v['se']:.3f}")
+    print(f"wrote {out}/prediction.png, prediction.json, optimum.json, downstream.md ({len(down['table'])} methods)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
