@@ -4,6 +4,7 @@ training; tests/compare/test_grid_runs.py trains tiny grids for extension, mid-r
 
 from __future__ import annotations
 
+import math
 import random
 import shutil
 import subprocess
@@ -427,3 +428,27 @@ def test_cli_refuses_a_bad_primary_or_seed_list_before_any_run(tmp_path, capsys)
     assert "not all among the grid's seeds 0..3" in capsys.readouterr().err
     assert main(["compare", "--out", str(out), "--final-hook", "nohook"]) == 2
     assert not out.exists()
+
+
+def _cosine_lr(n: int) -> list[tuple[int, float]]:
+    return [(t, 1e-4 * 0.5 * (1 + math.cos(math.pi * (t - 1) / n))) for t in range(1, n + 1)]
+
+
+def test_convergence_not_met_by_a_run_the_lr_decay_stopped():
+    """A metric that rises while the lr is large and freezes as the cosine schedule decays (the lr, not the
+    fixed point, stopped it) passes the end-of-run movement test but fails the same test cut where the lr last is
+    at least half its peak; a run that had stopped moving before the decay passes both."""
+    n, seeds = 60, 8
+    rng = random.Random(5)
+    lrs = [_cosine_lr(n)] * seeds
+    cum = [sum(x for _, x in _cosine_lr(n)[:t]) / 1e-4 for t in range(1, n + 1)]  # progress ∝ Σ lr
+    frozen = [_series([0.01 * c + rng.gauss(0, 0.03) for c in cum]) for _ in range(seeds)]
+    out = converged(frozen, lrs, ConvergenceCriterion(gap=0.08))
+    assert abs(out["moved"]) <= 2 * out["se"]  # the end of the run looks converged...
+    assert out["lr_decays"]
+    assert not out["before_decay"]["met"]  # ...but it was still moving at half the peak lr
+    assert not out["met"]
+    settled = converged(_runs(seeds, n, 0.3, noise=0.02), lrs, ConvergenceCriterion(gap=0.08))
+    assert settled["before_decay"]["met"]
+    assert settled["met"]
+    assert converged(frozen, lrs, ConvergenceCriterion(gap=0.08, before_decay=False))["met"]  # the old criterion

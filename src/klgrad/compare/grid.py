@@ -880,11 +880,18 @@ def convergence_markdown(summary: dict) -> list[str]:
     ]
     by = c.get("by_method") or {}
     if by:
-        lines += ["| method | seeds | moved | se | logged densely | lr decays | met |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "| method | seeds | moved | se | logged densely | lr decays | stopped before the decay | met |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for m, v in by.items():
             moved = "—" if v["moved"] is None else f"{v['moved']:+.4g}"
             se = "—" if v["se"] is None else f"{v['se']:.4g}"
-            lines.append(f"| {m} | {v['n']} | {moved} | {se} | {v['dense']} | {v['lr_decays']} | {v['met']} |")
+            before = v.get("before_decay")
+            early = "—" if before is None else str(before["met"])
+            lines.append(
+                f"| {m} | {v['n']} | {moved} | {se} | {v['dense']} | {v['lr_decays']} | {early} | {v['met']} |"
+            )
         lines.append("")
     return lines
 
