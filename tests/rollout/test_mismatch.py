@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from klgrad.rollout.mismatch import mismatch_stats, mismatch_weights
+from klgrad.rollout.mismatch import mismatch_stats, mismatch_weights, position_kl
 
 F64 = torch.float64
 
@@ -75,3 +75,13 @@ def test_stats_are_zero_when_sampler_equals_trainer():
         "kl_k1": 0.0,
         "kl_k3": 0.0,
     }
+
+
+def test_position_kl_hand_computed_and_zero_for_equal_logits():
+    zs = torch.tensor([[[0.0, math.log(3.0)], [1.0, 1.0]]], dtype=F64)  # p_s = (1/4, 3/4), then (1/2, 1/2)
+    zt = torch.zeros(1, 2, 2, dtype=F64)  # p_θ = (1/2, 1/2)
+    m = torch.tensor([[True, True]])
+    expected = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)  # second position: 0
+    torch.testing.assert_close(position_kl(zs, zt, m), torch.tensor([expected], dtype=F64))
+    assert float(position_kl(zs, zs, m)) == 0.0
+    assert float(position_kl(zs, zt, torch.tensor([[False, True]]))) == 0.0

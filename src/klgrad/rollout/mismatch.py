@@ -102,3 +102,27 @@ def mismatch_stats(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> 
             "kl_k1": float(-d.sum() / n_seq),
             "kl_k3": float(k3.sum() / n_seq),
         }
+
+
+def position_kl(sampler_logits: Tensor, trainer_logits: Tensor, mask: Tensor, temperature: float = 1.0) -> Tensor:
+    r"""(N,) Σ_t m_t KL(p_s,t ‖ p_θ,t): the exact per-position KL between the sampler's and the trainer's
+    next-token distributions p = softmax(z / τ), summed along each sampled response.
+
+    KL(p_s ‖ p_θ) = Σ_v p_s(v) (log p_s(v) − log p_θ(v)) over the whole vocabulary at each response position;
+    summed along responses drawn from the sampler, its mean over responses is an unbiased estimate of the sequence
+    KL(π_sampler ‖ π_trainer) with less variance than k1 (the expectation over the next token taken exactly).
+
+    Args:
+        sampler_logits, trainer_logits: (N, T, V) logits predicting response token t (any float dtype).
+        mask: (N, T) response tokens. Computed in float64.
+    """
+    if sampler_logits.shape != trainer_logits.shape or sampler_logits.shape[:2] != mask.shape:
+        raise ValueError(
+            f"logits (N, T, V) and mask (N, T) must agree, got {tuple(sampler_logits.shape)}, "
+            f"{tuple(trainer_logits.shape)}, {tuple(mask.shape)}"
+        )
+    with torch.no_grad():
+        ls = torch.log_softmax(sampler_logits.double() / temperature, -1)  # (N, T, V)
+        lt = torch.log_softmax(trainer_logits.double() / temperature, -1)  # (N, T, V)
+        kl = (ls.exp() * (ls - lt)).sum(-1)  # (N, T)
+        return torch.where(mask.bool(), kl, 0.0).sum(-1)  # (N,)
