@@ -104,7 +104,7 @@ def main() -> None:
         },
         "corrections_at_cap": {
             "cap": c,
-            "token_ratio_outside_[1/C,C]_frac": float(((d.abs() > torch.log(torch.tensor(c)))).double().mean()),
+            "token_ratio_outside_[1/C,C]_frac": float((d.abs() > torch.log(torch.tensor(c))).double().mean()),
             "sequence_ratio_outside_[1/C,C]_frac": float((seq_d.abs() > torch.log(torch.tensor(c))).double().mean()),
             "token_ratio_min": float(d.exp().min()),
             "token_ratio_max": float(d.exp().max()),
