@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -36,6 +37,8 @@ def run_rows(grid: Path) -> list[dict]:
     rows = []
     for final in sorted(grid.glob("runs/*/final.json")):
         row = json.loads(final.read_text())
+        name = re.fullmatch(r"(.+)-beta[^-]+-seed(\d+)", final.parent.name)  # compare's run_name
+        row["method"], row["seed"] = name.group(1).replace("+", "/"), int(name.group(2))
         records = [json.loads(x) for x in (final.parent / "metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = [r for r in records if "reward/mean" in r]
         none_valued = sum(1 for r in steps for k in ("loss/policy", "loss/kl", "grad_norm") if r.get(k) is None)
@@ -97,7 +100,7 @@ def figure(results: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8))
     width = 0.8 / len(GRIDS)
     colors = ["#444444", "#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
     for ax, key, label in ((axes[0], "final_kl", "final KL(π‖π_ref), held-out"),
@@ -109,12 +112,36 @@ def figure(results: dict[str, list[dict]], path: Path) -> None:
                     continue
                 x = h + (g - (len(GRIDS) - 1) / 2) * width
                 ax.bar(x, statistics.mean(vals), width, color=colors[g], alpha=0.35,
-                       label=f"{sampler}, {correction}" if h == 0 else None)  # fmt: skip
+                       label=f"{sampler}, {correction}" if h == 0 and ax is axes[0] else None)  # fmt: skip
                 ax.scatter([x] * len(vals), vals, color=colors[g], s=12, zorder=3)
         ax.set_xticks(range(len(HEADS)))
         ax.set_xticklabels([h.replace("trl/", "trl/\n") for h in HEADS], fontsize=8)
         ax.set_ylabel(label)
         ax.grid(axis="y", alpha=0.3)
+    key = "reference_greedy_accuracy"
+    refs = [r[key] for rows in results.values() for r in rows if r.get(key) is not None]
+    if refs:
+        axes[1].axhline(statistics.mean(refs), color="k", ls="--", lw=1, label="reference")
+        axes[1].legend(fontsize=7)
+    ax = axes[2]  # paired by head and seed: each bf16 grid's final KL minus the float32 run's
+    base = {(r["method"], r["seed"]): r.get("final_kl") for r in results.get("fp32", [])}
+    for g, (grid, (_, correction)) in enumerate(GRIDS.items()):
+        if grid == "fp32":
+            continue
+        for h, head in enumerate(HEADS):
+            mine = [r for r in results.get(grid, []) if r["method"] == head and r.get("final_kl") is not None]
+            diffs = [r["final_kl"] - base[(head, r["seed"])] for r in mine if base.get((head, r["seed"])) is not None]
+            if not diffs:
+                continue
+            x = h + (g - (len(GRIDS) - 1) / 2) * width
+            ax.bar(x, statistics.mean(diffs), width, color=colors[g], alpha=0.35, label=correction if h == 0 else None)
+            ax.scatter([x] * len(diffs), diffs, color=colors[g], s=12, zorder=3)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_xticks(range(len(HEADS)))
+    ax.set_xticklabels([h.replace("trl/", "trl/\n") for h in HEADS], fontsize=8)
+    ax.set_ylabel("final KL: bf16 sampler − float32 sampler (same seed)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, title="bf16 sampler, correction", title_fontsize=7)
     axes[0].legend(fontsize=7, title="sampler, mismatch correction", title_fontsize=7)
     fig.suptitle("tiny_add, bf16 sampler vs float32 trainer: bars = mean over seeds, dots = seeds", fontsize=10)
     fig.tight_layout()
