@@ -153,7 +153,9 @@ ResponseFormat = Literal["boxed", "think_answer"]
 PromptFormat = Literal["auto", "chat", "raw"]
 """How a prompt becomes tokens: ``chat`` = one user message through the tokenizer's chat template with the
 generation prompt appended; ``raw`` = BOS + the prompt text; ``auto`` = chat when the tokenizer has a template."""
-MismatchLevel = Literal["token", "sequence"]
+MismatchLevel = Literal["token", "sequence", "token_mask", "sequence_mask"]
+"""``rollout.mismatch_correction`` (besides none): truncated IS per token / response, or masked IS (the ratio where
+it lies in [1/C, C], 0 outside: verl's rollout rejection) per token / response."""
 MISMATCH_LEVELS: tuple[str, ...] = get_args(MismatchLevel)
 
 # optimisation and models

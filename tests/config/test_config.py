@@ -219,6 +219,36 @@ def test_top_p_is_allowed_without_a_kl_head_on_policy():
     assert load_config(None, {"rollout.top_p": 0.9, "kl.head": "none"}).rollout.top_p == 0.9
 
 
+def test_sampler_dtype_and_masked_corrections():
+    cfg = load_config(None, {"rollout.sampler_dtype": "bfloat16", "rollout.mismatch_correction": "sequence_mask"})
+    assert (cfg.rollout.sampler_dtype, cfg.rollout.mismatch_correction) == ("bfloat16", "sequence_mask")
+    assert load_config().rollout.sampler_dtype is None  # default: the policy itself, no mismatch
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"rollout.sampler_dtype": "bf16"}, r"^rollout\.sampler_dtype must be .*'bfloat16'.*got 'bf16'"),
+        (
+            {"rollout.sampler_dtype": "bfloat16", "rollout.engine": "hf"},
+            r"^rollout\.sampler_dtype needs rollout\.engine",
+        ),
+        (
+            {"rollout.sampler_dtype": "bfloat16", "model.lora_rank": 4},
+            r"^rollout\.sampler_dtype must be null with model\.lora",
+        ),
+        (
+            {"rollout.mismatch_correction": "token_mask", "rollout.mismatch_cap": 1.0},
+            r"^rollout\.mismatch_cap must be > 1",
+        ),
+        ({"rollout.mismatch_correction": "mask"}, r"^rollout\.mismatch_correction must be .*'token_mask'"),
+    ],
+)
+def test_sampler_dtype_and_mismatch_errors_name_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
 def test_gspo_ratio_is_a_reward_head_level_only():
     from klgrad.objective import ObjectiveSpec
 

@@ -202,3 +202,69 @@ def test_every_engine_implements_the_sampler_protocol_and_nothing_more_is_asked(
                                          num_attention_heads=1, num_key_value_heads=1))  # fmt: skip
     for sampler in (KlgradSampler(1, 0), HFGenerateSampler(1, 0)):
         assert sampler.sync_weights(model) is None  # they sample from the model itself: nothing to sync
+
+
+# ----------------------------------------------------------------------------------------------------------
+# rollout.sampler_dtype: a bf16 copy of the policy samples, as an inference engine does
+
+
+BF16_EPS = torch.finfo(torch.bfloat16).eps  # 2^-7: the spacing of bf16 numbers in [1, 2)
+
+
+def bf16_logprob_tol(logits: torch.Tensor) -> float:
+    """Bound on |Δ log p| between two bf16 evaluations of one model on the same tokens (KV-cache decode vs a full
+    teacher-forced forward), both log-softmaxed in float32 from their bf16 logits.
+
+    Each path ends by rounding its logits to bf16; the paths differ only in the order of their bf16 roundings, so
+    we allow each logit of either path to land up to 2 bf16 spacings from the other's: |Δz| ≤ 2·eps·max|z|.
+    log p_k = z_k − logsumexp(z) moves by at most 2·max_j|Δz_j| (the lse is 1-Lipschitz in the max norm), and
+    the float32 log-softmax adds ~1e-6: tol = 4·eps_bf16·max|z| + 1e-5."""
+    return 4 * BF16_EPS * float(logits.abs().max()) + 1e-5
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_bf16_sampler_logprobs_are_a_bf16_forwards_and_not_the_float32_ones(model, fast_forward):
+    ids, mask = prompts()
+    s = make_sampler("klgrad", EOS, PAD, fast_forward=fast_forward, dtype=torch.bfloat16)
+    engine = s.engine_model(model)
+    assert {p.dtype for p in engine.parameters()} == {torch.bfloat16}  # weights, hence activations, in bf16
+    assert {p.dtype for p in model.parameters()} == {torch.float32}  # the trained model is untouched
+    gaps = []
+    for seed in range(3):
+        r = s.generate(model, ids, mask, group_size=4, max_new_tokens=7, generator=torch.Generator().manual_seed(seed))
+        bf16 = teacher_forced(engine, r, 1.0)
+        pos = (r.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        with torch.no_grad():
+            z = engine(input_ids=r.input_ids, attention_mask=r.attention_mask.long(), position_ids=pos).logits
+        torch.testing.assert_close(r.logp, bf16, rtol=0, atol=bf16_logprob_tol(z))
+        # against the float32 model: more than float32 rounding apart (bf16 keeps 8 significant bits)
+        fp32 = teacher_forced(model, r, 1.0)
+        gaps.append(float((r.logp - fp32)[r.response_mask].abs().max()))
+        assert gaps[-1] > logprob_tol(model, r.input_ids, r.attention_mask, 1.0)
+    assert max(gaps) > 1e-3
+
+
+def test_bf16_copy_follows_the_policy_only_through_sync_weights(model):
+    policy = LlamaForCausalLM(model.config).eval()
+    policy.load_state_dict(model.state_dict())
+    s = KlgradSampler(EOS, PAD, dtype=torch.bfloat16)
+    engine = s.engine_model(policy)
+    before = {k: v.clone() for k, v in engine.state_dict().items()}
+    with torch.no_grad():
+        for p in policy.parameters():  # an optimizer step
+            p.add_(0.05)
+    assert all(torch.equal(v, before[k]) for k, v in s.engine_model(policy).state_dict().items())  # stale, as vLLM
+    s.sync_weights(policy)
+    assert s.engine_model(policy) is engine  # refreshed in place, not rebuilt
+    for name, value in policy.state_dict().items():  # the policy's weights rounded to bf16
+        assert torch.equal(engine.state_dict()[name], value.to(torch.bfloat16)), name
+    other = LlamaForCausalLM(model.config).eval()  # another module gets its own copy
+    assert s.engine_model(other) is not engine
+
+
+def test_float32_sampler_has_no_copy(model):
+    s = KlgradSampler(EOS, PAD)
+    assert s.engine_model(model) is model
+    s.sync_weights(model)  # nothing
+    assert s.in_model_dtype().dtype is None
+    assert KlgradSampler(EOS, PAD, dtype=torch.bfloat16).in_model_dtype().engine_model(model) is model

@@ -181,7 +181,7 @@ def test_config_mismatch_fields():
 
 
 def test_other_engines_refuse_vllm_options():
-    with pytest.raises(ValueError, match=r"takes only \['fast_forward'\]"):
+    with pytest.raises(ValueError, match=r"takes only \['dtype', 'fast_forward'\]"):
         make_sampler("klgrad", 1, 0, model_path="x")
     with pytest.raises(ValueError, match=r"takes only \[\]"):
         make_sampler("hf", 1, 0, fast_forward=True)

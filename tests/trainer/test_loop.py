@@ -15,6 +15,7 @@ from safetensors.torch import load_file, load_model
 from klgrad.config import ConfigError
 from klgrad.kl import adaptive_beta
 from klgrad.models import load_model_and_tokenizer
+from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.rollout.samplers import make_sampler
 from klgrad.trainer import EMBEDDED_DIR, evaluate, load_data, read_jsonl, reward_specs, train
 from tests.helpers.tiny_runs import small
@@ -478,3 +479,39 @@ def test_resume_with_more_steps_extends_the_run_on_its_new_schedule_and_records_
     # step 3's update ran at the new schedule's rate (2-step schedule: 0 there, so the weights would not move)
     w2, w3 = (weights(lin_run / "checkpoints" / f"step_00000{s}" / "policy.safetensors") for s in (2, 3))
     assert any(not torch.equal(w2[k], w3[k]) for k in w2)
+
+
+def test_bf16_sampler_trains_with_weights_from_trainer_over_sampler_log_probs(tmp_path, monkeypatch):
+    """rollout.sampler_dtype = bfloat16: the rollout's log-probs are the bf16 copy's, the trainer recomputes them
+    in float32, and the correction's weights are their ratio (not the trainer's log-probs against themselves,
+    which would give w = 1 everywhere); the step records measure the gap; the policy stays float32."""
+    import klgrad.trainer.loop as loop
+
+    calls = []
+
+    def spy(trainer_logp, sampler_logp, mask, level, cap):
+        calls.append((trainer_logp.clone(), sampler_logp.clone(), mask.clone(), level))
+        return mismatch_weights(trainer_logp, sampler_logp, mask, level, cap)
+
+    monkeypatch.setattr(loop, "mismatch_weights", spy)
+    over = {"rollout.sampler_dtype": "bfloat16", "rollout.mismatch_correction": "token", "rollout.mismatch_cap": 5.0}
+    cfg = small(tmp_path, **{"train.steps": 2, "train.eval_every": 0, **over})
+    train(cfg, progress=False)
+    assert len(calls) == 2
+    for trainer_logp, sampler_logp, mask, level in calls:
+        assert level == "token"
+        d = (trainer_logp - sampler_logp)[mask]
+        # bf16 keeps 8 significant bits: log-probs of size ~1 differ by ~1e-3, far above float32 rounding (1e-6)
+        assert float(d.abs().max()) > 1e-4
+        w = mismatch_weights(trainer_logp, sampler_logp, mask, "token", 5.0)[mask]
+        torch.testing.assert_close(w, d.exp().clamp(max=5.0))
+        assert not torch.equal(w, torch.ones_like(w))
+    records = [r for r in read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl") if "reward/mean" in r]
+    for r in records:
+        assert r["mismatch/logp_diff_abs"] > 0
+        assert r["mismatch/kl_k3"] >= 0
+        assert r["mismatch/logp_diff_max"] >= r["mismatch/logp_diff_abs"]
+        assert math.isfinite(r["mismatch/kl_k1"])
+        assert r["mismatch/weight_max"] != 1.0
+    final = weights(Path(cfg.train.out_dir) / "checkpoints" / "step_000002" / "policy.safetensors")
+    assert {v.dtype for v in final.values()} == {torch.float32}

@@ -106,9 +106,13 @@ class RolloutConfig:
     top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
     """Nucleus sampling mass (1.0 = off); < 1 only with kl.head none and on-policy (log-probs are untruncated)."""
     mismatch_correction: Literal["none", c.MismatchLevel] = "none"
-    """Truncated IS for sampler-vs-trainer log-prob mismatch: w = min(π_trainer/π_sampler, cap) per token/response."""
+    """IS for sampler-vs-trainer mismatch, r = π_trainer/π_sampler per token / response: token, sequence (truncated,
+    min(r, C)); token_mask, sequence_mask (masked, r where 1/C ≤ r ≤ C, else 0)."""
     mismatch_cap: Positive = 2.0
-    """Truncation cap C of the mismatch weights (> 0)."""
+    """Cap C of the mismatch weights (> 0): truncation at C, or masking outside [1/C, C] (needs C > 1)."""
+    sampler_dtype: c.ModelDtype | None = None
+    """klgrad engine: sample from a copy of the policy in this dtype, synced after every update (bfloat16: an
+    inference engine's arithmetic, docs/vllm.md); null = the policy itself (model.dtype)."""
 
     @model_validator(mode="after")
     def _rules(self) -> RolloutConfig:
@@ -298,6 +302,14 @@ class Config:
              f"= {lora}: a LoRA run's reference is the frozen base weights with the adapter off (docs/lora.md)"),
             (not (lora and rollout.engine == "vllm"), "rollout.engine", f"'vllm' cannot run with model.lora_rank = "
              f"{lora}: its weight sync loads plain weights, not a LoRA adapter; use 'klgrad' or 'hf'"),
+            (rollout.sampler_dtype is None or rollout.engine == "klgrad", "rollout.sampler_dtype", f"needs rollout."
+             f"engine = 'klgrad' (klgrad's sampler draws from its cast copy of the policy), got {rollout.engine!r}; "
+             f"set it to null"),
+            (rollout.sampler_dtype is None or not lora, "rollout.sampler_dtype", f"must be null with model.lora_rank = "
+             f"{lora}: the sampler's cast copy syncs plain weights, not a LoRA adapter"),
+            (not rollout.mismatch_correction.endswith("_mask") or rollout.mismatch_cap > 1, "rollout.mismatch_cap",
+             f"must be > 1 with rollout.mismatch_correction = {rollout.mismatch_correction!r} (it keeps ratios in "
+             f"[1/C, C]), got {rollout.mismatch_cap}"),
             (b % algo.mini_batches == 0, "algo.mini_batches", f"must divide prompts_per_step*group_size = {b}"),
             (b // algo.mini_batches % rollout.group_size == 0, "algo.mini_batches", "must split it into whole groups"),
         ])  # fmt: skip

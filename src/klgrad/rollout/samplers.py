@@ -13,6 +13,8 @@ masked out; a response that reaches ``max_new_tokens`` without EOS is marked tru
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor
 
@@ -86,6 +88,23 @@ COMPACT_BELOW = 0.75
 are dropped from the cache (one copy of the cache each time, so at most a few copies per rollout)."""
 
 
+def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A detached copy of ``model`` with every floating parameter and buffer in ``dtype`` (eval mode, no grad):
+    its forward then computes in ``dtype`` (weights and activations), as an inference engine's does."""
+    twin = copy.deepcopy(model).to(dtype).eval()
+    twin.requires_grad_(False)
+    return twin
+
+
+@torch.no_grad()
+def copy_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """target ← source, parameter by parameter and buffer by buffer, each rounded to the target's dtype
+    (round-to-nearest: bf16 keeps 8 significant bits, so |w_target − w| ≤ 2⁻⁹·|w|)."""
+    theirs = target.state_dict()
+    for name, value in source.state_dict().items():
+        theirs[name].copy_(value)
+
+
 class KlgradSampler:
     """klgrad's batched sampler: prefill each prompt once, copy its KV cache to the G samples, decode.
 
@@ -94,14 +113,46 @@ class KlgradSampler:
     static cache; ``fast_forward=False`` (config ``model.fast_forward``), or any other HF causal LM that accepts
     ``past_key_values`` and ``position_ids``, uses the transformers forward with a ``DynamicCache``. Decoding
     stops when every response has produced EOS or after ``max_new_tokens`` steps.
+
+    ``dtype`` (config ``rollout.sampler_dtype``): sample instead from a copy of the model cast to ``dtype``
+    (weights and activations, e.g. bfloat16), as an inference engine does. The copy is made on the first
+    :meth:`generate` with a model and refreshed by :meth:`sync_weights` (the trainer calls it after every
+    update); the returned log-probs are the copy's, log softmax(float(z_dtype) / temperature), so they differ from
+    the trainer's float32 recomputation by the engine's rounding. ``None``: the model itself (no mismatch).
     """
 
-    def __init__(self, eos_id: int, pad_id: int, *, fast_forward: bool = True) -> None:
+    def __init__(
+        self, eos_id: int, pad_id: int, *, fast_forward: bool = True, dtype: torch.dtype | None = None
+    ) -> None:
         self.eos_id, self.pad_id = eos_id, pad_id
         self.fast_forward = fast_forward
+        self.dtype = dtype
+        self._source: torch.nn.Module | None = None  # the model the copy was made from
+        self._copy: torch.nn.Module | None = None
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """Nothing: it samples from ``model`` itself (:class:`~klgrad.rollout.batch.Sampler`)."""
+        """With ``dtype``: the copy takes ``model``'s current weights (rounded to ``dtype``). Otherwise nothing:
+        it samples from ``model`` itself (:class:`~klgrad.rollout.batch.Sampler`)."""
+        if self.dtype is None:
+            return
+        if self._source is model and self._copy is not None:
+            copy_weights(model, self._copy)
+        else:
+            self._source, self._copy = model, cast_copy(model, self.dtype)
+
+    def in_model_dtype(self) -> KlgradSampler:
+        """The same sampler on the model itself, in its own arithmetic (held-out evaluation measures the trained
+        policy, not the engine's rounding of it)."""
+        return KlgradSampler(self.eos_id, self.pad_id, fast_forward=self.fast_forward)
+
+    def engine_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module that samples for ``model``: ``model`` itself, or with ``dtype`` its cast copy (made from
+        ``model`` when the copy is of another module or there is none yet; refreshed only by sync_weights)."""
+        if self.dtype is None:
+            return model
+        if self._source is not model or self._copy is None:
+            self._source, self._copy = model, cast_copy(model, self.dtype)
+        return self._copy
 
     def uses_fast_path(self, model: torch.nn.Module) -> bool:
         return self.fast_forward and unsupported_reason(model) is None
@@ -123,6 +174,7 @@ class KlgradSampler:
     ) -> Rollout:
         """``uniforms`` (P·G, max_new_tokens) in [0, 1), when given, replace draws from ``generator``."""
         prompt_mask = prompt_mask.bool()
+        model = self.engine_model(model)
         fast = self.uses_fast_path(model)
         if fast:
             decoder = FastForward(model)
@@ -262,13 +314,13 @@ SAMPLERS = {"klgrad": KlgradSampler, "hf": HFGenerateSampler, "vllm": _vllm_samp
 def make_sampler(engine: str, eos_id: int, pad_id: int, **options) -> Sampler:
     """``klgrad`` (KV-cache), ``hf`` (transformers generate) or ``vllm`` (GPU; built lazily).
 
-    ``options``: ``fast_forward`` for ``klgrad`` (see :class:`KlgradSampler`); the
+    ``options``: ``fast_forward`` and ``dtype`` for ``klgrad`` (see :class:`KlgradSampler`); the
     vLLM sampler's own (see
     :class:`klgrad.rollout.vllm_engine.VLLMSampler`).
     """
     if engine not in SAMPLERS:
         raise ValueError(f"rollout.engine must be one of {sorted(SAMPLERS)}, got {engine!r}")
-    allowed = {"klgrad": {"fast_forward"}, "hf": set()}.get(engine)
+    allowed = {"klgrad": {"fast_forward", "dtype"}, "hf": set()}.get(engine)
     if allowed is not None and set(options) - allowed:
         raise ValueError(f"rollout.engine {engine!r} takes only {sorted(allowed)}, got {sorted(options)}")
     return SAMPLERS[engine](eos_id, pad_id, **options)

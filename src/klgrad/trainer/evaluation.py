@@ -40,7 +40,8 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
     columns = examples_to_columns(examples)
     out: dict[str, float] = {}
     greedy = sampler.generate(policy, ids, mask, group_size=1, max_new_tokens=cfg.rollout.max_new_tokens, greedy=True)
-    greedy_rewards = compute_rewards(specs, prompts, decode_responses(tokenizer, greedy), columns)
+    limits = {"failure_value": cfg.reward.failure_value, "timeout_s": cfg.reward.timeout_s}  # as in training
+    greedy_rewards = compute_rewards(specs, prompts, decode_responses(tokenizer, greedy), columns, **limits)
     acc_name = accuracy_reward_name(greedy_rewards.per_function)  # only a real accuracy reward is accuracy
     if acc_name is not None:
         accuracy = greedy_rewards.per_function[acc_name]
@@ -64,7 +65,9 @@ def evaluate(policy, ref, tokenizer, examples: list[Example], cfg: Config, specs
 
     sampled = sample(cfg.rollout.top_p)  # (P·k) responses, each prompt's k contiguous
     texts = decode_responses(tokenizer, sampled)
-    sampled_rewards = compute_rewards(specs, [p for p in prompts for _ in range(k)], texts, repeat_columns(columns, k))
+    sampled_rewards = compute_rewards(
+        specs, [p for p in prompts for _ in range(k)], texts, repeat_columns(columns, k), **limits
+    )
     out["eval/sampled_reward"] = sum(sampled_rewards.total) / len(sampled_rewards.total)
     if acc_name is not None:
         hits = sampled_rewards.per_function[acc_name]

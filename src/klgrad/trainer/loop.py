@@ -4,7 +4,8 @@
   2. sample G responses each with the current policy (the prompt prefilled once per group);
   3. score them with the configured reward functions (failures isolated and counted);
   4. reference log-probs (no grad); behaviour log-probs only when the update is off-policy (ppo_epochs > 1 or
-     mini_batches > 1) or the sampler's log-probs need a mismatch correction, from the trainer's own forward;
+     mini_batches > 1) or the sampler's log-probs need a mismatch correction or measurement (``rollout.
+     sampler_dtype``), from the trainer's own forward;
   5. update: ``ppo_epochs`` × ``mini_batches`` AdamW steps on advantages from the whole batch, decoupled
      A = shape(R), or combined A = shape(R − β·C) recomputed from the current policy at every epoch
      (:mod:`klgrad.trainer.update`);
@@ -42,6 +43,7 @@ from klgrad.rewards import RewardResult, compute_rewards, merge_rewards
 from klgrad.rollout.batch import Rollout
 from klgrad.rollout.encoding import decode_responses, encode_prompts
 from klgrad.rollout.mismatch import mismatch_weights
+from klgrad.rollout.samplers import KlgradSampler
 from klgrad.runlock import RunLockedError, run_lock
 from klgrad.stopping import StopRule, parse_stop_rule, stop_point
 from klgrad.threads import CpuShare
@@ -254,6 +256,7 @@ def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
         ref_logp=dist.gather(batch.ref_logp),
         truncated=dist.gather(rollout.truncated),
         mismatch_weights=None if batch.mismatch_weights is None else dist.gather(batch.mismatch_weights),
+        trainer_logp=None if batch.trainer_logp is None else dist.gather(batch.trainer_logp),
     )
     lr = run.scheduler.get_last_lr()[0]
     return step_record(step + 1, cfg, whole_batch, stats, lr=lr, clock=clock), stats
@@ -326,7 +329,7 @@ def with_reference_logprobs(run: Run, rollout: Rollout, prompt_len: int, rewards
     forward = run.logprob_fn
     ref_logp, _ = forward(run.ref, rollout.input_ids, rollout.attention_mask, prompt_len, False)
     trainer_logp = None
-    if run.off_policy or correct_mismatch:
+    if run.off_policy or measures_mismatch(cfg):
         trainer_logp, _ = forward(run.policy, rollout.input_ids, rollout.attention_mask, prompt_len, False)
     weights = None
     if correct_mismatch:  # truncated IS for a sampler (vLLM) whose log-probs differ from the trainer's
@@ -346,14 +349,23 @@ def with_reference_logprobs(run: Run, rollout: Rollout, prompt_len: int, rewards
         ref_logp=ref_logp,
         old_logp=trainer_logp if run.off_policy else None,
         mismatch_weights=weights,
+        trainer_logp=trainer_logp if measures_mismatch(cfg) else None,
     )
+
+
+def measures_mismatch(cfg: Config) -> bool:
+    """The trainer recomputes the rollout's log-probs to correct or measure the sampler's mismatch: with
+    ``rollout.mismatch_correction`` or a ``rollout.sampler_dtype`` (a sampler in other arithmetic)."""
+    return cfg.rollout.mismatch_correction != "none" or cfg.rollout.sampler_dtype is not None
 
 
 def evaluate_policy(run: Run) -> dict:
     """Held-out evaluation of the current policy (rank 0), in eval mode."""
     run.policy.eval()
     cfg = run.configured  # J_β at the configured β, also under an adaptive β: one objective for every evaluation
-    out = evaluate(run.policy, run.ref, run.tokenizer, run.eval_set, cfg, run.specs, run.sampler, seed=cfg.train.seed)
+    # the trained policy in its own arithmetic, not a rollout.sampler_dtype copy of it
+    sampler = run.sampler.in_model_dtype() if isinstance(run.sampler, KlgradSampler) else run.sampler
+    out = evaluate(run.policy, run.ref, run.tokenizer, run.eval_set, cfg, run.specs, sampler, seed=cfg.train.seed)
     run.policy.train()
     return out
 

@@ -25,6 +25,7 @@ from klgrad.config import Config, dump_yaml, to_dict
 from klgrad.objective import ObjectiveSpec, objective_diagnostics
 from klgrad.plotting import pyplot, save
 from klgrad.rewards import RewardResult, accuracy_reward_name
+from klgrad.rollout.mismatch import mismatch_stats
 from klgrad.trainer.update import UpdateStats
 from klgrad.version import __version__
 
@@ -66,7 +67,9 @@ class StepBatch:
     truncated: Tensor
     """(N,) bool: the response hit ``max_new_tokens`` without EOS."""
     mismatch_weights: Tensor | None = None
-    """(N, T) truncated-IS weights of the sampler/trainer mismatch, or None."""
+    """(N, T) IS weights of the sampler/trainer mismatch, or None."""
+    trainer_logp: Tensor | None = None
+    """(N, T) the trainer's log-probs of the rollout (the mismatch measured against ``sampler_logp``), or None."""
 
 
 def step_record(
@@ -121,6 +124,13 @@ def step_record(
         record["mismatch/weight_mean"] = float(weights.mean()) if bool(mask.any()) else 1.0
         record["mismatch/weight_max"] = float(weights.max()) if bool(mask.any()) else 1.0
         record["mismatch/capped_frac"] = float((weights >= cfg.rollout.mismatch_cap).float().mean())
+        record["mismatch/masked_frac"] = float((weights == 0).float().mean()) if bool(mask.any()) else 0.0
+    if batch.trainer_logp is not None:  # the sampler's arithmetic against the trainer's, on the sampled tokens
+        gap = mismatch_stats(batch.trainer_logp, batch.sampler_logp, mask)
+        record["mismatch/logp_diff_abs"] = gap["logp_diff_abs"]
+        record["mismatch/logp_diff_max"] = gap["logp_diff_max"]
+        record["mismatch/kl_k1"] = gap["kl_k1"]
+        record["mismatch/kl_k3"] = gap["kl_k3"]
     return record
 
 

@@ -80,7 +80,8 @@ def resolve_device(setting: str, world: int) -> torch.device:
 def sampler_options(cfg: Config) -> dict:
     """The rollout engine's own options from the config."""
     if cfg.rollout.engine == "klgrad":
-        return {"fast_forward": cfg.model.fast_forward}
+        dtype = cfg.rollout.sampler_dtype
+        return {"fast_forward": cfg.model.fast_forward, "dtype": None if dtype is None else getattr(torch, dtype)}
     if cfg.rollout.engine == "vllm":
         return {"seed": cfg.train.seed}
     return {}

@@ -61,7 +61,10 @@ class Batch:
     old_logp: Tensor | None
     """(n, T) behaviour log-probs of the rollout policy from the trainer's forward; None when on-policy."""
     mismatch_weights: Tensor | None = None
-    """(n, T) truncated-IS weights for a sampler whose log-probs differ from the trainer's (vLLM), or None."""
+    """(n, T) IS weights for a sampler whose log-probs differ from the trainer's (vLLM, sampler_dtype), or None."""
+    trainer_logp: Tensor | None = None
+    """(n, T) the trainer's log-probs of the rollout before the update, kept to measure the sampler's mismatch
+    (``rollout.sampler_dtype`` or a correction; the record's ``mismatch/*``), or None. The update ignores it."""
 
 
 @dataclass
