@@ -24,6 +24,7 @@ from klgrad.trainer.staleness import (
     snapshot,
 )
 from klgrad.trainer.update import make_logprob_fn
+from tests.helpers.extras import needs_extras
 from tests.helpers.tiny_runs import small
 
 
@@ -165,3 +166,40 @@ def test_a_stale_run_resumes_into_the_uninterrupted_run(tmp_path):
     for sa, sb in zip(wa, wb, strict=True):
         for name in sa:
             assert torch.equal(sa[name], sb[name]), name
+
+
+@needs_extras("peft")
+@pytest.mark.slow
+@pytest.mark.numerics
+def test_a_lora_run_snapshots_the_adapter_only_and_samples_step_one_from_the_zero_adapter(tmp_path, monkeypatch):
+    """LoRA, staleness 1, 2 steps: the snapshots (and the checkpoint's stale file) hold the adapter's A and B only,
+    and step 1 samples with π_0, whose adapter is B = 0: its behaviour log-probs are the reference's (the base with
+    the adapter off) up to the rounding of two forwards, while the current policy's, one update of lr 1e-2 later,
+    are not."""
+    cfg = small(
+        tmp_path,
+        **{"model.lora_rank": 4, "rollout.staleness": 1, "train.steps": 2, "optim.lr": 1e-2, "train.eval_every": 0},
+    )
+    seen = []
+    real_update = loop.update
+    logprob_fn = make_logprob_fn(cfg.rollout.temperature)
+
+    def spy(policy, optimizer, batch, *args, **kwargs):
+        with torch.no_grad():  # the current policy's log-probs of the batch
+            cur, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
+        seen.append((batch, cur))
+        return real_update(policy, optimizer, batch, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "update", spy)
+    train(cfg, progress=False)
+    (snap,) = load_stale(Path(cfg.train.out_dir) / "checkpoints" / "step_000002" / STALE_FILE)
+    assert snap
+    assert all("lora_A" in name or "lora_B" in name for name in snap), sorted(snap)
+    batch, cur = seen[1]
+
+    def gap(a, b):
+        return float(torch.where(batch.mask, a - b, 0.0).abs().max())
+
+    # float32 log-probs of a 4-layer model through two code paths (adapter off vs B = 0): ~1e-6 (network_tol)
+    assert gap(batch.old_logp, batch.ref_logp) < 1e-4
+    assert gap(cur, batch.old_logp) > 1e-3  # the current policy, one update on, is not the behaviour
