@@ -7,9 +7,10 @@ r"""Collect the stale-rollout grids (one ``klgrad compare`` grid per staleness k
     done
     python scripts/staleness_table.py results/tiny_add_staleness
 
-Reads ``DIR/k*/runs/*/final.json`` (each run's final exact KL(π‖π_ref) and greedy accuracy, the current policy's) and
-writes ``DIR/staleness.md`` (mean ± sd over seeds per head × k, and the paired change from k = 0 per seed) and
-``DIR/staleness.png``.
+Reads ``DIR/k*/runs/*/final.json``, each run's final exact KL(π‖π_ref) and greedy accuracy (the current
+policy's), and its ``metrics.jsonl``; ``DIR/kK_*`` holds more runs of staleness K (a grid of some methods run
+beside the main one). Writes ``DIR/staleness.md`` (mean ± sd over seeds per head × k, the paired change from
+k = 0, the clip fractions) and ``DIR/staleness.png``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ def read_grids(root: Path) -> dict[int, list[dict]]:
     its folder name (``METHOD-betaB-seedS``), so a grid still running shows what has finished."""
     grids: dict[int, list[dict]] = {}
     for final in sorted(root.glob("k*/runs/*/final.json")):
-        k = int(final.parents[2].name[1:])
+        k = int(final.parents[2].name[1:].split("_")[0])  # k4, or k4_k3 (a grid of some methods, run beside)
         method, _beta, seed = final.parent.name.rsplit("-", 2)
         steps = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
         means = {key: statistics.mean(r[key] for r in steps if r.get(key) is not None) for key, _ in STEP_MEANS}
-        run = {**json.loads(final.read_text()), **means, "method": method, "seed": int(seed[4:])}
+        failures = sum(r.get("reward/failures") or 0 for r in steps)  # reward calls timed out or failed
+        run = {**json.loads(final.read_text()), **means, "method": method, "seed": int(seed[4:]), "failures": failures}
         grids.setdefault(k, []).append(run)
     return dict(sorted(grids.items()))
 
@@ -124,6 +126,8 @@ def main(root: str) -> None:
         "Final values of the current policy (exact KL to the reference and greedy accuracy on the held-out "
         "prompts), mean ± sd over seeds; Δ: mean paired change from k = 0 (same seed: same prompts and uniforms).\n\n"
         + table(grids)
+        + f"\n{sum(len(runs) for runs in grids.values())} runs; training-batch reward failures (a reward call that "
+        f"failed or timed out gets 0): {sum(r['failures'] for runs in grids.values() for r in runs)} in all.\n"
     )
     (out / "staleness.md").write_text(text)
     figure(grids, out / "staleness.png")
