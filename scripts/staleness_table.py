@@ -10,7 +10,7 @@ r"""Collect the stale-rollout grids (one ``klgrad compare`` grid per staleness k
 Reads ``DIR/k*/runs/*/final.json``, each run's final exact KL(π‖π_ref) and greedy accuracy (the current
 policy's), and its ``metrics.jsonl``; ``DIR/kK_*`` holds more runs of staleness K (a grid of some methods run
 beside the main one). Writes ``DIR/staleness.md`` (mean ± sd over seeds per head × k, the paired change from
-k = 0, the clip fractions) and ``DIR/staleness.png``.
+k = 0, the clip fractions), ``DIR/runs.json`` (the runs it read) and ``DIR/staleness.png``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,14 @@ METRICS = (("exact_kl", "final KL(π‖π_ref)"), ("greedy_accuracy", "greedy ac
 """final.json fields shown with their paired change from k = 0, with their labels."""
 STEP_MEANS = (("clip/frac", "reward-head clip frac"), ("clip/kl_frac", "KL-head clip frac"), ("ratio/max", "max ratio"))
 """metrics.jsonl keys shown as their mean over a run's steps (then over seeds): how off-policy the batches were."""
+ORDER = ("none", "k1_in_reward", "k2_as_loss", "k3_as_loss")
+"""Heads in this order first, any other after them."""
+
+
+def methods_of(grids: dict[int, list[dict]]) -> list[str]:
+    """The heads of the grids, :data:`ORDER` first."""
+    found = {r["method"] for runs in grids.values() for r in runs}
+    return [m for m in ORDER if m in found] + sorted(found - set(ORDER))
 
 
 def read_grids(root: Path) -> dict[int, list[dict]]:
@@ -70,7 +78,7 @@ def paired_change(now: dict[int, float], base: dict[int, float]) -> str:
 def table(grids: dict[int, list[dict]]) -> str:
     """The markdown table: head × k, each metric's mean ± sd over seeds and its paired change from k = 0."""
     ks = list(grids)
-    methods = list(dict.fromkeys(r["method"] for runs in grids.values() for r in runs))
+    methods = methods_of(grids)
     head = ["head", "k", *(label for _, label in METRICS), *(f"Δ {label} vs k=0 (paired)" for _, label in METRICS)]
     head += [f"{label} (mean over steps)" for _, label in STEP_MEANS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -93,7 +101,7 @@ def figure(grids: dict[int, list[dict]], path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(METRICS), figsize=(11, 4.2))
     ks = list(grids)
-    methods = list(dict.fromkeys(r["method"] for runs in grids.values() for r in runs))
+    methods = methods_of(grids)
     colors = {"none": "gray", "k1_in_reward": "#1f77b4", "k2_as_loss": "#b5b500", "k3_as_loss": "firebrick"}
     for ax, (key, label) in zip(axes, METRICS, strict=True):
         for i, m in enumerate(methods):
@@ -130,6 +138,8 @@ def main(root: str) -> None:
         f"failed or timed out gets 0): {sum(r['failures'] for runs in grids.values() for r in runs)} in all.\n"
     )
     (out / "staleness.md").write_text(text)
+    records = [{"staleness": k, **r} for k, runs in grids.items() for r in runs]  # the table's data (runs/ is ignored)
+    (out / "runs.json").write_text(json.dumps(records, indent=1) + "\n")
     figure(grids, out / "staleness.png")
     print(text)
 
