@@ -50,6 +50,12 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         default=0.3,
         help="logit noise std from policy to the behaviour (rollout) policy",
     )
+    a.add_argument(
+        "--staleness",
+        default="1,4",
+        help="stale-rollout axis: comma-separated k >= 1; the behaviour is the policy k exact gradient steps back "
+        "(default 1,4; 'none' = off)",
+    )
     a.add_argument("--clip-eps", type=float, default=0.2, help="KL-head clip in the clipped off-policy regime")
     a.add_argument("--beta", type=float, default=0.5, help="KL weight in the combined-vs-decoupled check")
     a.add_argument(
@@ -134,6 +140,16 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console, d
     return 0
 
 
+def parse_staleness(text: str) -> tuple[int, ...]:
+    """``--staleness 1,4`` -> (1, 4); ``none`` -> (). Raises ValueError naming the flag."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"staleness: expected comma-separated integers or 'none', got {text!r}") from None
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from klgrad.audit.coefficients import write_coefficient_figure
     from klgrad.audit.run import AuditConfig, headline, print_tables, run_audit, write_audit
@@ -146,6 +162,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
             seed=args.seed,
             ref_distance=args.ref_distance,
             behaviour_distance=args.behaviour_distance,
+            staleness=parse_staleness(args.staleness),
             clip_eps=args.clip_eps,
             beta=args.beta,
         )

@@ -81,6 +81,9 @@ def test_yaml_plus_overrides(tmp_path):
         ({"rollout.group_size": 1}, "rollout.group_size"),
         ({"rollout.temperature": 0}, "rollout.temperature"),
         ({"rollout.group_size": "eight"}, "rollout.group_size"),
+        ({"rollout.staleness": -1}, "rollout.staleness"),
+        ({"rollout.staleness": 1.5}, "rollout.staleness"),
+        ({"rollout.staleness": 1, "rollout.sampler_dtype": "bfloat16"}, "rollout.staleness"),
         ({"algo.mini_batches": 3}, "algo.mini_batches"),
         ({"optim.lr": "fast"}, "optim.lr"),
         ({"optim.betas": [0.9]}, "optim.betas"),
@@ -208,6 +211,7 @@ def test_cuda_device_without_a_gpu_is_refused_naming_the_field():
         {"rollout.top_p": 0.9},  # default kl.head k2_as_loss
         {"rollout.top_p": 0.9, "kl.head": "none", "algo.ppo_epochs": 2},
         {"rollout.top_p": 0.9, "kl.head": "none", "algo.mini_batches": 2},
+        {"rollout.top_p": 0.9, "kl.head": "none", "rollout.staleness": 1},
     ],
 )
 def test_top_p_is_refused_with_a_kl_head_or_off_policy(overrides):

@@ -13,6 +13,13 @@ Regimes: ``on_policy``; off-policy samples from the behaviour policy with ``is_s
 unbiased correction), ``is_tok`` (per-token IS, PPO-style), ``is_seq_clip`` (sequence IS + symmetric clip),
 ``no_is`` (the common bug: the on-policy loss applied to off-policy samples).
 
+Stale rollouts (``rollout.staleness`` k, :mod:`klgrad.trainer.staleness`): the behaviour is the policy k updates
+back, θ_{t−k}, where θ_t is reached from it by k exact gradient steps on −E[R] + β·KL(π‖π_ref)
+(:func:`stale_trajectory`). For each k, head and level the audit enumerates the loss fed the behaviour log-probs
+of θ_{t−k} (``is_seq``, ``is_tok``, ``is_seq_clip``) and the loss fed the current policy's log-probs as if they
+were the behaviour's (``current_logp``, the bug a stale trainer makes when it reuses the current forward), and the
+combined and decoupled forms with sequence IS (``result["staleness"]``).
+
 The same problem also audits every framework's KL as that framework computes it (:mod:`klgrad.audit.frameworks`,
 ``frameworks.json``).
 """
@@ -32,8 +39,10 @@ from klgrad.audit.tabular import (
     TabularSpace,
     build_space,
     exact_gradient,
+    exact_objective,
     expected_gradient,
     random_logits,
+    sequence_logps,
     token_logps,
 )
 from klgrad.choices import LEVELS
@@ -43,6 +52,9 @@ from klgrad.objective import combined_advantages, policy_gradient_loss
 from klgrad.plotting import pyplot, save
 
 REGIMES: tuple[str, ...] = ("on_policy", "is_seq", "is_tok", "is_seq_clip", "no_is")
+STALE_REGIMES: tuple[str, ...] = ("is_seq", "is_tok", "is_seq_clip", "current_logp")
+"""The regimes audited for stale rollouts: the three corrections with θ_{t−k}'s log-probs, and the current
+policy's log-probs in their place (``current_logp``)."""
 AUDIT_HEADS: tuple[str, ...] = tuple(name for name in KL_HEADS if name != "none")
 """Every built-in head but ``none`` (whose gradient is zero by definition)."""
 
@@ -69,6 +81,10 @@ class AuditConfig:
     """KL weight in the combined-vs-decoupled form check."""
     sweep: tuple[float, ...] = (0.03, 0.1, 0.2, 0.5, 1.0, 2.0)
     """Reference distances for the bias-vs-distance sweep."""
+    staleness: tuple[int, ...] = (1, 4)
+    """Stale-rollout axis: the behaviour is the policy k exact gradient steps back, for each k here (() = off)."""
+    stale_lr: float = 1.0
+    """Step size of the exact gradient steps from θ_{t−k} to θ_t on −E[R] + β·KL(π‖π_ref)."""
 
     def __post_init__(self) -> None:
         for name, ok in (
@@ -78,6 +94,8 @@ class AuditConfig:
             ("behaviour_distance", self.behaviour_distance > 0),
             ("clip_eps", 0 < self.clip_eps < 1),
             ("beta", self.beta >= 0),
+            ("staleness", all(k >= 1 for k in self.staleness)),
+            ("stale_lr", self.stale_lr > 0),
         ):
             if not ok:
                 raise ValueError(f"audit {name} out of range: {getattr(self, name)!r}")
@@ -132,6 +150,8 @@ def _regime_loss(head: KLHead, level: str, regime: str, ref_lp: Tensor, mask: Te
         kw: dict = dict(level=level)
         if regime in ("is_seq", "is_tok", "is_seq_clip", "no_is"):
             kw["old_logp"] = sample_logp
+        if regime == "current_logp":  # the current policy's log-probs passed as the behaviour's
+            kw["old_logp"] = logp.detach()
         if regime == "is_tok":
             kw["ratio_level"] = "token"
         if regime == "is_seq_clip":
@@ -230,6 +250,56 @@ def form_rows(problem: AuditProblem, beta: float) -> list[dict]:
     return rows
 
 
+def regularised_objective(space: TabularSpace, logits: Tensor, ref: Tensor, rewards: Tensor, beta: float) -> Tensor:
+    """J(θ) = −Σ_y π_θ(y) R(y) + β·KL(π_θ‖π_ref), exactly (what :func:`stale_trajectory` descends)."""
+    p = sequence_logps(space, logits).exp()  # (N,)
+    return -(p * rewards).sum() + beta * exact_objective(space, "rkl", logits, ref)
+
+
+def stale_trajectory(problem: AuditProblem, k: int, lr: float, beta: float) -> list[Tensor]:
+    """θ_0 = ``problem.theta`` and k exact gradient steps θ_{j+1} = θ_j − lr·∇J(θ_j) on
+    :func:`regularised_objective`: [θ_0, …, θ_k]. Stale by k, step k samples with θ_0 while the loss is at θ_k."""
+    thetas = [problem.theta.detach()]
+    for _ in range(k):
+        th = thetas[-1].clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(regularised_objective(problem.space, th, problem.ref, problem.rewards, beta), th)
+        thetas.append((th - lr * g).detach())
+    return thetas
+
+
+def staleness_audit(cfg: AuditConfig, heads: dict[str, KLHead]) -> dict:
+    """For each k of ``cfg.staleness``: the problem whose current policy is θ_k of :func:`stale_trajectory` and
+    whose behaviour is θ_0 (k updates back); rows (k, head, level, regime) of :data:`STALE_REGIMES` with the error
+    against the head's on-policy target at θ_k, the forms' rows (:func:`form_rows`) with sequence IS, and how far
+    the behaviour is: KL(π_{t−k}‖π_t) and the largest |log π_t(y) − log π_{t−k}(y)| over responses."""
+    base = make_problem(cfg)
+    sp = base.space
+    rows, forms, distances = [], [], {}
+    for k in cfg.staleness:
+        thetas = stale_trajectory(base, k, cfg.stale_lr, cfg.beta)
+        problem = AuditProblem(sp, thetas[-1], base.ref, thetas[0], base.rewards)
+        lb, lt = sequence_logps(sp, problem.behaviour), sequence_logps(sp, problem.theta)  # (N,)
+        distances[str(k)] = dict(
+            behaviour_kl=float((lb.exp() * (lb - lt)).sum()), max_abs_seq_log_ratio=float((lt - lb).abs().max())
+        )
+        ref_lp = token_logps(sp, problem.ref)
+        g_rkl = exact_gradient(sp, "rkl", problem.theta, problem.ref)
+        scale = float(g_rkl.norm())
+        for name, head in heads.items():
+            for level in LEVELS:
+                target = head.targets.get(level)
+                if target is None:
+                    continue
+                g_target = exact_gradient(sp, target, problem.theta, problem.ref)
+                for regime in STALE_REGIMES:
+                    loss = _regime_loss(head, level, regime, ref_lp, sp.mask, cfg.clip_eps)
+                    g, _ = expected_gradient(sp, loss, problem.theta, problem.behaviour)
+                    err = _rel_error_zero_fallback(g, g_target, scale)
+                    rows.append(dict(staleness=k, head=name, level=level, regime=regime, target=target, err_target=err))
+        forms += [{"staleness": k, **r} for r in form_rows(problem, cfg.beta)]
+    return dict(lr=cfg.stale_lr, beta=cfg.beta, distances=distances, rows=rows, forms=forms)
+
+
 def distance_sweep(cfg: AuditConfig, heads: dict[str, KLHead]) -> dict[str, list[float]]:
     """On-policy sequence-level err_rkl of each head as the reference moves away from the policy."""
     out: dict[str, list[float]] = {name: [] for name in heads}
@@ -259,13 +329,14 @@ def run_audit(cfg: AuditConfig, penalty: str | None = None, dtype: str = "float6
     problem = make_problem(cfg)
     sp = problem.space
     return dict(
-        config={**asdict(cfg), "sweep": list(cfg.sweep)},
+        config={**asdict(cfg), "sweep": list(cfg.sweep), "staleness": list(cfg.staleness)},
         space=dict(num_states=sp.num_states, num_sequences=sp.num_sequences, num_params=sp.num_states * sp.vocab),
         dtype=dtype,
         rows=with_precision(audit_rows(problem, heads, cfg.clip_eps), "head", head_precision(heads, dtype)),
         forms=form_rows(problem, cfg.beta),
         sweep=dict(distances=list(cfg.sweep), err_rkl=distance_sweep(cfg, heads)),
         frameworks=framework_rows(problem, dtype=dtype),
+        staleness=staleness_audit(cfg, heads),
     )
 
 
@@ -341,10 +412,32 @@ def print_tables(result: dict, console=None) -> None:
             _fmt(r["combined_vs_decoupled"]),
         )
     console.print(t3)
+    if result.get("staleness", {}).get("rows"):
+        print_staleness_table(result["staleness"], console)
     if result.get("dtype", "float64") != "float64":
         print_precision_table(rows, "head", console)
     if "frameworks" in result:
         print_framework_table(result["frameworks"], console)
+
+
+def print_staleness_table(stale: dict, console) -> None:
+    """Stale rollouts: rel. err vs the on-policy target per (k, head, level) and regime."""
+    from rich.table import Table
+
+    dist = ", ".join(
+        f"k={k}: KL(π_(t−k)‖π_t) {d['behaviour_kl']:.3g}, max |log-ratio| {d['max_abs_seq_log_ratio']:.3g}"
+        for k, d in stale["distances"].items()
+    )
+    t = Table(title=f"Stale rollouts (behaviour = the policy k exact steps of lr {stale['lr']} back; {dist}): "
+              "rel. err vs the head's on-policy target")  # fmt: skip
+    for col in ("k", "head", "level", "seq IS", "token IS", "seq IS + clip", "current log-probs (bug)"):
+        t.add_column(col, justify="left" if col in ("head", "level") else "right")
+    by_key: dict[tuple[int, str, str], dict[str, float]] = {}
+    for r in stale["rows"]:
+        by_key.setdefault((r["staleness"], r["head"], r["level"]), {})[r["regime"]] = r["err_target"]
+    for (k, head, level), errs in by_key.items():
+        t.add_row(str(k), head, level, *(_fmt(errs[reg]) for reg in STALE_REGIMES))
+    console.print(t)
 
 
 def plot_audit(result: dict, path: Path) -> None:
@@ -450,4 +543,14 @@ def headline(result: dict) -> dict[str, float]:
         "k2_as_loss/sequence off-policy is_seq err": idx[("k2_as_loss", "sequence", "is_seq")]["err_target"],
         "k2_as_loss/sequence off-policy is_seq_clip err": idx[("k2_as_loss", "sequence", "is_seq_clip")]["err_target"],
         "k2_as_loss/token_to_go off-policy is_tok err": idx[("k2_as_loss", "token_to_go", "is_tok")]["err_target"],
+        **stale_headline(result),
     }
+
+
+def stale_headline(result: dict) -> dict[str, float]:
+    """The worst stale-rollout error of each regime over heads and levels, per k (empty without the axis)."""
+    out: dict[str, float] = {}
+    for r in result.get("staleness", {}).get("rows", []):
+        key = f"staleness {r['staleness']} max err {r['regime']}"
+        out[key] = max(out.get(key, 0.0), r["err_target"])
+    return out

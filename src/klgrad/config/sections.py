@@ -113,6 +113,8 @@ class RolloutConfig:
     sampler_dtype: c.ModelDtype | None = None
     """klgrad engine: sample from a copy of the policy in this dtype, synced after every update (bfloat16: an
     inference engine's arithmetic, docs/vllm.md); null = the policy itself (model.dtype)."""
+    staleness: AtLeastZero = 0
+    """Stale rollouts (async RL): step t samples with the policy of k updates back, whose log-probs the ratios use."""
 
     @model_validator(mode="after")
     def _rules(self) -> RolloutConfig:
@@ -121,6 +123,12 @@ class RolloutConfig:
 
             reason = vllm_unavailable_reason()
             require([(reason is None, "engine", f"'vllm' cannot run here: {reason}")])
+        stale_ok = self.engine != "vllm" or self.staleness == 0
+        why = "its weight sync loads the current policy only; use 'klgrad' or 'hf'"
+        require([(stale_ok, "staleness", f"must be 0 with engine 'vllm' (got {self.staleness}): {why}")])
+        copy_ok = self.sampler_dtype is None or self.staleness == 0
+        why = "the sampler's copy follows the current policy, not the one k updates back"
+        require([(copy_ok, "staleness", f"must be 0 with a sampler_dtype (got {self.staleness}): {why}")])
         return self
 
 
@@ -286,14 +294,16 @@ class Config:
     def _rules(self) -> Config:
         """The rules across sections (run once every section is valid on its own)."""
         rollout, kl, algo, lora, task = self.rollout, self.kl, self.algo, self.model.lora_rank, self.data.task
-        b, off_policy = rollout.prompts_per_step * rollout.group_size, algo.ppo_epochs > 1 or algo.mini_batches > 1
+        b = rollout.prompts_per_step * rollout.group_size
+        off_policy = algo.ppo_epochs > 1 or algo.mini_batches > 1 or rollout.staleness > 0
         require([
             (not task.startswith("chat_") or bool(self.model.path), "model.path", f"is required with data.task = "
              f"{task!r} (a chat task has no embedded reference: e.g. smollm2-135m-instruct)"),
             (rollout.group_size >= 2 or not c.needs_groups(algo.shaping), "rollout.group_size",
              f"must be >= 2 for group shaping {algo.shaping!r}"),
             (rollout.top_p == 1.0 or (kl.head == "none" and not off_policy), "rollout.top_p", f"must be 1.0 with a "
-             f"KL head (kl.head = {kl.head!r}) or an off-policy update (algo.ppo_epochs or mini_batches > 1), got "
+             f"KL head (kl.head = {kl.head!r}) or an off-policy update (algo.ppo_epochs or mini_batches > 1, "
+             f"rollout.staleness > 0), got "
              f"{rollout.top_p}: klgrad's log-probs, KL heads and ratios are of the full distribution, not top-p's"),
             (not self.train.eval_objective_prompts or (kl.beta > 0 and rollout.top_p == 1.0),
              "train.eval_objective_prompts", f"needs kl.beta > 0 (J_β is defined for β > 0; got {kl.beta}) and "

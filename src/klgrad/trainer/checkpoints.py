@@ -2,10 +2,11 @@
 
 A checkpoint folder ``checkpoints/step_NNNNNN`` holds ``policy.safetensors`` (a LoRA run, ``model.lora_rank`` >
 0: ``adapter.safetensors``, the adapter's A and B only, since the base weights are the starting model's),
-``ref.safetensors`` (only when the reference is reset during the run), ``optim.pt`` (AdamW and scheduler state,
-torch RNG: tensors and plain containers only), ``state.json`` (step, β, config) and ``checksums.json`` (sha256 of
-each file; its presence means the folder is complete). ``checkpoints/latest`` names the newest one, a hint for
-people only.
+``ref.safetensors`` (only when the reference is reset during the run), ``stale.safetensors`` (only with
+``rollout.staleness`` k > 0: the last k snapshots of the trainable parameters, :mod:`klgrad.trainer.staleness`),
+``optim.pt`` (AdamW and scheduler state, torch RNG: tensors and plain containers only), ``state.json`` (step, β,
+config) and ``checksums.json`` (sha256 of each file; its presence means the folder is complete).
+``checkpoints/latest`` names the newest one, a hint for people only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from klgrad.models.factory import load_model_and_tokenizer
 from klgrad.models.lora import ADAPTER_FILE, apply_lora, load_adapter, save_adapter
 from klgrad.models.sources import reference_path
 from klgrad.trainer.faults import NO_HOOKS, Hooks
+from klgrad.trainer.staleness import STALE_FILE, Snapshot, load_stale, save_stale
 
 
 def sha256(path: Path) -> str:
@@ -56,10 +58,12 @@ def save_checkpoint(
     cfg: Config,
     save_ref: bool,
     hooks: Hooks = NO_HOOKS,
+    stale: list[Snapshot] | None = None,
 ) -> Path:
     """Write ``run_dir/checkpoints/step_{step}`` atomically and point ``latest`` at it; returns its path. A LoRA
     run (``cfg.model.lora_rank`` > 0) writes the adapter (``adapter.safetensors``) instead of the whole policy.
-    ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`)."""
+    ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`). ``stale``: the snapshots a stale-rollout
+    run resumes with (``stale.safetensors``; none: no file)."""
     ckpt_root = run_dir / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
@@ -74,6 +78,8 @@ def save_checkpoint(
     hooks.at("checkpoint_file", step)
     if save_ref:
         save_model(ref, str(tmp / "ref.safetensors"))
+    if stale:
+        save_stale(stale, tmp / STALE_FILE)
     torch.save(
         {
             "optimizer": optimizer.state_dict(),
@@ -154,6 +160,19 @@ def load_checkpoint(path: Path, policy, ref, optimizer, scheduler) -> tuple[int,
     torch.set_rng_state(state["torch_rng"])  # per-step sampling uses its own (seed, step) generator
     meta = json.loads((path / "state.json").read_text())
     return int(meta["step"]), float(meta["beta"])
+
+
+def load_stale_snapshots(path: Path, k: int, device: torch.device | str) -> list[Snapshot]:
+    """The stale snapshots of checkpoint ``path`` for a run with ``rollout.staleness`` = k (none when k = 0).
+    Raises ValueError when k > 0 and the checkpoint has none: resuming would sample from the wrong policies."""
+    if k == 0:
+        return []
+    if not (path / STALE_FILE).is_file():
+        raise ValueError(
+            f"{path}: no {STALE_FILE}, but rollout.staleness = {k}: the old policies the next steps must sample "
+            "from are not in this checkpoint; start a new run"
+        )
+    return load_stale(path / STALE_FILE, device)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

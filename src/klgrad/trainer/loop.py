@@ -1,11 +1,13 @@
 """The RL loop, top to bottom. Each step (docs/math.md for the objective, docs/metrics.md for the record):
 
   1. draw ``prompts_per_step`` prompts, a function of (seed, step), so a resumed run draws the same ones;
-  2. sample G responses each with the current policy (the prompt prefilled once per group);
+  2. sample G responses each with the behaviour policy (the prompt prefilled once per group): the current policy,
+     or with ``rollout.staleness`` k the policy of k updates back (:mod:`klgrad.trainer.staleness`); behaviour
+     log-probs, from the trainer's own forward of that same policy, only when the update is off-policy
+     (ppo_epochs > 1, mini_batches > 1 or k > 0) or the sampler's log-probs need a mismatch correction;
   3. score them with the configured reward functions (failures isolated and counted);
-  4. reference log-probs (no grad); behaviour log-probs only when the update is off-policy (ppo_epochs > 1 or
-     mini_batches > 1) or the sampler's log-probs need a mismatch correction or measurement (``rollout.
-     sampler_dtype``), from the trainer's own forward;
+  4. reference log-probs (no grad); the behaviour log-probs of step 2 also serve a mismatch correction or
+     measurement (``rollout.sampler_dtype``: a sampler in other arithmetic than the trainer's);
   5. update: ``ppo_epochs`` × ``mini_batches`` AdamW steps on advantages from the whole batch, decoupled
      A = shape(R), or combined A = shape(R − β·C) recomputed from the current policy at every epoch
      (:mod:`klgrad.trainer.update`);
@@ -70,6 +72,7 @@ from klgrad.trainer.setup import (
     reward_specs,
     setup_run,
 )
+from klgrad.trainer.staleness import behaviour_weights
 from klgrad.trainer.update import Batch, UpdateStats, update
 
 
@@ -227,11 +230,13 @@ def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
     clock = StepClock()
     gen = step_generator(cfg.train.seed, step)  # the step's prompts, then the RNG of engines that need one
     examples = [run.train_set[i] for i in draw_prompts(gen, len(run.train_set), cfg.rollout.prompts_per_step)]
-    rollout, prompt_len, my_examples = sample_responses(run, step, examples, gen)
+    with behaviour_weights(run.policy, run.stale):  # π_{t−k} with rollout.staleness k, else the current policy
+        rollout, prompt_len, my_examples = sample_responses(run, step, examples, gen)
+        behaviour_logp = behaviour_logprobs(run, rollout, prompt_len)
     clock.mark("rollout")
     rewards, scored = score_responses(run, step, my_examples, rollout)
     clock.mark("reward")
-    batch = with_reference_logprobs(run, rollout, prompt_len, rewards)
+    batch = with_reference_logprobs(run, rollout, prompt_len, rewards, behaviour_logp)
     clock.mark("ref")
     stats = update(
         run.policy,
@@ -321,20 +326,29 @@ def score_responses(run: Run, step: int, examples: list[Example], rollout: Rollo
 
 
 @torch.no_grad()
-def with_reference_logprobs(run: Run, rollout: Rollout, prompt_len: int, rewards: Tensor) -> Batch:
-    """The update's :class:`Batch`: reference log-probs, and the trainer's own log-probs of the rollout policy
-    when the update is off-policy (behaviour log-probs) or the sampler's need a mismatch correction."""
+def behaviour_logprobs(run: Run, rollout: Rollout, prompt_len: int) -> Tensor | None:
+    """(n, T) log-probs of the sampled tokens under the policy that drew them, from the trainer's own forward (call
+    it with the behaviour weights in place), when the update is off-policy or the sampler's log-probs need a
+    mismatch correction; otherwise None."""
+    if not (run.off_policy or measures_mismatch(run.cfg)):
+        return None
+    logp, _ = run.logprob_fn(run.policy, rollout.input_ids, rollout.attention_mask, prompt_len, False)
+    return logp
+
+
+@torch.no_grad()
+def with_reference_logprobs(
+    run: Run, rollout: Rollout, prompt_len: int, rewards: Tensor, behaviour_logp: Tensor | None
+) -> Batch:
+    """The update's :class:`Batch`: reference log-probs, and the behaviour log-probs (:func:`behaviour_logprobs`)
+    as ``old_logp`` when the update is off-policy and as the trainer's side of the mismatch weights when the
+    sampler's log-probs need a correction."""
     cfg = run.cfg
-    correct_mismatch = cfg.rollout.mismatch_correction != "none"
-    forward = run.logprob_fn
-    ref_logp, _ = forward(run.ref, rollout.input_ids, rollout.attention_mask, prompt_len, False)
-    trainer_logp = None
-    if run.off_policy or measures_mismatch(cfg):
-        trainer_logp, _ = forward(run.policy, rollout.input_ids, rollout.attention_mask, prompt_len, False)
+    ref_logp, _ = run.logprob_fn(run.ref, rollout.input_ids, rollout.attention_mask, prompt_len, False)
     weights = None
-    if correct_mismatch:  # truncated IS for a sampler (vLLM) whose log-probs differ from the trainer's
+    if cfg.rollout.mismatch_correction != "none":  # truncated IS for a sampler (vLLM) whose log-probs differ
         weights = mismatch_weights(
-            trainer_logp,
+            behaviour_logp,
             rollout.logp,
             rollout.response_mask,
             cfg.rollout.mismatch_correction,
@@ -347,9 +361,9 @@ def with_reference_logprobs(run: Run, rollout: Rollout, prompt_len: int, rewards
         mask=rollout.response_mask,
         rewards=rewards,
         ref_logp=ref_logp,
-        old_logp=trainer_logp if run.off_policy else None,
+        old_logp=behaviour_logp if run.off_policy else None,
         mismatch_weights=weights,
-        trainer_logp=trainer_logp if measures_mismatch(cfg) else None,
+        trainer_logp=behaviour_logp if measures_mismatch(cfg) else None,
     )
 
 
@@ -435,6 +449,7 @@ def checkpoint(run: Run, step: int) -> Path:
             run.configured,
             save_ref=cfg.kl.reset_ref_every is not None,
             hooks=run.hooks,
+            stale=run.stale.to_save(),
         )
         if run.cfg.train.keep_checkpoints:  # the new one is complete: older ones may go
             prune_checkpoints(run.run_dir, run.cfg.train.keep_checkpoints)

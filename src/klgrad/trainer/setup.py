@@ -29,9 +29,10 @@ from klgrad.rollout.batch import Sampler
 from klgrad.rollout.encoding import uses_chat
 from klgrad.rollout.samplers import make_sampler
 from klgrad.schedule import lr_factor
-from klgrad.trainer.checkpoints import latest_checkpoint, load_checkpoint
+from klgrad.trainer.checkpoints import latest_checkpoint, load_checkpoint, load_stale_snapshots
 from klgrad.trainer.faults import Hooks
 from klgrad.trainer.record import RunRecord, read_jsonl, write_run_files
+from klgrad.trainer.staleness import Snapshot, StaleSnapshots
 from klgrad.trainer.update import LogprobFn, PolicyLogprobs, make_logprob_fn
 
 
@@ -122,6 +123,8 @@ class Run:
     """Steps done before this call (a resumed run's checkpoint step)."""
     hooks: Hooks
     """The fault-injection seam (:mod:`klgrad.trainer.faults`): no-ops unless a test installs callbacks."""
+    stale: StaleSnapshots
+    """The old policies stale rollouts sample from (``rollout.staleness``; :mod:`klgrad.trainer.staleness`)."""
 
     @property
     def updates_per_step(self) -> int:
@@ -129,8 +132,9 @@ class Run:
 
     @property
     def off_policy(self) -> bool:
-        """More than one optimizer step per rollout: every step after the first is off-policy."""
-        return self.updates_per_step > 1
+        """More than one optimizer step per rollout (every step after the first is off-policy), or stale rollouts
+        (``rollout.staleness`` > 0: the samples are an older policy's)."""
+        return self.updates_per_step > 1 or self.cfg.rollout.staleness > 0
 
 
 def load_policy_and_reference(cfg: Config, model_dir: Path, device: torch.device):
@@ -236,17 +240,19 @@ def follow_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
 
 
 def resume_or_create(
-    run_dir: Path, dist: Dist, resume: bool, policy, ref, optimizer, scheduler
-) -> tuple[int, float | None]:
-    """(start step, the checkpoint's β or None): a resumed run's last valid checkpoint loaded on every rank (rank 0
-    repairs the pointer and drops metrics of steps after it), or a new run directory (refused when it already
-    holds a run)."""
+    run_dir: Path, dist: Dist, resume: bool, policy, ref, optimizer, scheduler, staleness: int = 0
+) -> tuple[int, float | None, list[Snapshot]]:
+    """(start step, the checkpoint's β or None, its stale snapshots): a resumed run's last valid checkpoint loaded
+    on every rank (rank 0 repairs the pointer and drops metrics of steps after it), or a new run directory (refused
+    when it already holds a run). A stale-rollout run (``staleness`` k > 0) resumes with the old policies its
+    checkpoint kept, or is refused when it has none (:func:`~klgrad.trainer.checkpoints.load_stale_snapshots`)."""
     metrics_path = run_dir / "metrics.jsonl"
     if resume:
         ckpt = latest_checkpoint(run_dir)
-        start, beta = 0, None
+        start, beta, stale = 0, None, []
         if ckpt is not None:
             start, beta = load_checkpoint(ckpt, policy, ref, optimizer, scheduler)  # a LoRA run: adapter only
+            stale = load_stale_snapshots(ckpt, staleness, next(policy.parameters()).device)
             follow_schedule(scheduler)
         dist.barrier()  # every rank has read the checkpoint before rank 0 writes anything
         if dist.is_main:
@@ -255,13 +261,13 @@ def resume_or_create(
             kept = [r for r in read_jsonl(metrics_path) if r["step"] <= start]  # drop steps after the checkpoint
             run_dir.mkdir(parents=True, exist_ok=True)
             metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        return start, beta
+        return start, beta, stale
     if metrics_path.exists():
         raise FileExistsError(f"{run_dir} already holds a run; use --resume or another train.out_dir")
     dist.barrier()  # every rank has checked before rank 0 creates the run
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    return 0, None
+    return 0, None, []
 
 
 def setup_run(
@@ -281,7 +287,8 @@ def setup_run(
     policy, ref, tokenizer = load_policy_and_reference(cfg, model_dir, device)
     sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **sampler_options(cfg))
     optimizer, scheduler = make_optimizer(cfg, policy)
-    start, beta = resume_or_create(run_dir, dist, resume, policy, ref, optimizer, scheduler)
+    k = cfg.rollout.staleness
+    start, beta, kept = resume_or_create(run_dir, dist, resume, policy, ref, optimizer, scheduler, k)
     # the training forward goes through the prepared (DDP) log-prob module; rollout, reference and evaluation
     # use the plain model
     logprob_fn = make_logprob_fn(
@@ -314,4 +321,5 @@ def setup_run(
         record=RunRecord(cfg, run_dir, active=dist.is_main),
         start=start,
         hooks=hooks,
+        stale=StaleSnapshots(k, kept),
     )
