@@ -18,6 +18,7 @@ from klgrad.compare.beta_scale import (
 )
 from klgrad.compare.design import GridMismatchError
 from klgrad.compare.grid import method_overrides, run_compare, summary_markdown
+from klgrad.compare.merge import merge_grids
 from klgrad.trainer import read_jsonl
 from tests.helpers.tiny_runs import small
 
@@ -167,3 +168,20 @@ def test_a_scaled_grid_records_each_beta_trains_at_it_and_extends_like_any_other
     assert "| trl/grpo-k3@0.5 | 3.25 |" in (out / "summary.md").read_text()
     with pytest.raises(GridMismatchError, match="beta_scale"):
         run_compare(out, steps=3, **{**kw, "beta_scale": None})
+
+
+@pytest.mark.slow
+def test_seeds_run_apart_with_a_given_length_merge_with_their_effective_betas(tmp_path):
+    """``PARALLEL`` in scripts/frameworks_grid.sh: each seed into its own folder with L̄ given (recorded as given),
+    merged into one grid whose summary states each method's β'."""
+    kw = dict(seeds=2, steps=1, methods=("trl/grpo-k3", "k2_as_loss"), beta_scale=f"length={L}", **KW)
+    run_compare(tmp_path / "a", only_seeds=[0], **kw)
+    run_compare(tmp_path / "b", only_seeds=[1], **kw)
+    summary = merge_grids([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    merged = json.loads((tmp_path / "m" / "grid.json").read_text())
+    assert merged["beta_scale"] == BetaScale(mean_length=L, measured=False).as_dict()
+    assert summary["effective_betas"] == {"trl/grpo-k3@0.5": pytest.approx(0.5 * L), "k2_as_loss@0.5": 0.5}
+    assert "given on the command line" in (tmp_path / "m" / "summary.md").read_text()
+    run_compare(tmp_path / "c", only_seeds=[1], **{**kw, "beta_scale": "length=5"})
+    with pytest.raises(GridMismatchError, match="beta_scale"):  # another L̄ is another design
+        merge_grids([tmp_path / "a", tmp_path / "c"], tmp_path / "m2")

@@ -450,7 +450,7 @@ def write_summary(out_dir: Path, record: dict) -> dict:
     (out_dir / "summary.md").write_text(summary_markdown(summary))
     present = [(r["method"], r["beta"], r["seed"]) for r in results]
     if present:
-        plot_grid(out_dir, present, methods, betas)
+        plot_grid(out_dir, present, methods, betas, scaled=record.get("beta_scale") is not None)
         plot_frontier(results, out_dir / "frontier.png", methods)
     return summary
 
@@ -1110,11 +1110,21 @@ def _run_records(out_dir: Path, method: str, beta: float, seeds: list[int]) -> l
     return [read_jsonl(out_dir / "runs" / run_name(method, beta, s) / "metrics.jsonl") for s in seeds]
 
 
-def plot_grid(out_dir: Path, grid, methods, betas) -> None:
+def plot_grid(out_dir: Path, grid, methods, betas, scaled: bool = False) -> None:
     """The paper's panel layout (training batches: mean over seeds with a ±1 sd band, one colour per method,
-    first β) and a row of held-out evaluations: distance to the optimum π*, to the reference, accuracy."""
+    first β) and a row of held-out evaluations: distance to the optimum π*, to the reference, accuracy.
+
+    ``scaled`` (a ``--beta-scale`` grid): each run logged its distance to the optimum of J_β' at its own β', so
+    that panel says so (only the final KL(π‖π*) of the summary is at the grid's β)."""
     plt = pyplot()
     import numpy as np
+
+    eval_panels = EVAL_PANELS
+    if scaled:
+        eval_panels = (
+            ("eval/kl_to_optimum", "held-out KL(π‖π*) of J_β' at each run's own β' (not comparable across β')"),
+            *EVAL_PANELS[1:],
+        )
 
     b = betas[0]
     fig, axes = plt.subplots(4, 3, figsize=(14, 13))
@@ -1143,11 +1153,11 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
             ax.fill_between(xs, mean - sd, mean + sd, color=COLORS.get(m), alpha=0.15)
             ax.set_title(label, fontsize=10)
             ax.grid(alpha=0.3)
-        for ax, (key, label) in zip(axes.flat[9:], EVAL_PANELS, strict=True):
+        for ax, (key, label) in zip(axes.flat[9:], eval_panels, strict=True):
             evals = [{r["step"]: r[key] for r in rs if r.get(key) is not None} for rs in runs]
             common = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
             if common:
-                drawn.add(9 + EVAL_PANELS.index((key, label)))
+                drawn.add(9 + eval_panels.index((key, label)))
                 y = np.array([[e[t] for t in common] for e in evals])  # (seeds, evals)
                 ax.errorbar(
                     common, y.mean(0), yerr=y.std(0), color=COLORS.get(m), marker="o", ms=4, lw=1.4, capsize=3, label=m
@@ -1158,7 +1168,7 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
     for i, ax in enumerate(axes.flat):
         if i not in drawn:  # e.g. the exact panels of a model whose vocabulary is too large to enumerate
             ax.cla()
-            ax.set_title(ax.get_title() or (PANELS + EVAL_PANELS)[i][1], fontsize=10)
+            ax.set_title(ax.get_title() or (PANELS + eval_panels)[i][1], fontsize=10)
             ax.text(0.5, 0.5, "not measured in these runs", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
