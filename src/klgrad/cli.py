@@ -220,6 +220,15 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         help="comma-separated methods: klgrad heads (default: all five), package.module:name, or framework preset "
         "ids of `klgrad audit --framework` (trl/grpo-k3: that framework's KL term, its own level and form)",
     )
+    c.add_argument(
+        "--beta-scale",
+        default=None,
+        metavar="off|length|length=L",
+        help="same nominal KL strength for every method: a method whose KL aggregation divides by the response "
+        "length (a token mean, e.g. trl/grpo-k3) trains at beta*L, L the reference's mean response length on the "
+        "training prompts, measured once (or given: length=L) and recorded in grid.json with each method's "
+        "effective beta; a token sum or sequence-level head at beta (default off: every method at beta)",
+    )
     c.add_argument("--kl-prompts", type=int, default=20, help="held-out prompts of the final KL (default 20)")
     c.add_argument("--kl-samples", type=int, default=16, help="policy samples per prompt of the final KL (default 16)")
     c.add_argument(
@@ -415,6 +424,9 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
     try:
         only = None if args.only_seeds is None else parse_seed_list(args.only_seeds)
         hooks = final_hooks(args.final_hook)
+        from klgrad.compare.beta_scale import parse_beta_scale
+
+        parse_beta_scale(args.beta_scale)  # refused before anything runs
     except ValueError as e:
         why, only, hooks = why or str(e), None, {}
     if why:
@@ -450,6 +462,7 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
             allow_dirty=args.allow_dirty,
             optimum_ref_samples=args.optimum_ref_samples,
             forgetting_samples=args.forgetting_samples,
+            beta_scale=args.beta_scale,
             **({} if args.margin is None else {"margin": args.margin}),
         )
     except (ValueError, RunLockedError) as e:

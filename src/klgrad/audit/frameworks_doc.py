@@ -312,6 +312,132 @@ before anything is written, naming `kl.head` and the closest ids.
 """
 
 
+HEAD_TO_HEAD: tuple[tuple[str, str], ...] = (
+    ("trl/grpo-k3", "TRL < 1.10 default"),
+    ("trl/grpo-k3-bias-correction", "TRL ≥ 1.10 default"),
+    ("verl/kl-loss-low-var-kl", "verl default KL loss"),
+    ("openrlhf/k1-reward", "OpenRLHF default"),
+    ("k2_as_loss", "klgrad's exact head (`--level sequence`)"),
+    ("none", "no KL"),
+    ("trl/rloo-k1-reward", "TRL remedy: its own flags for the exact gradient"),
+    ("verl/kl-reward-gae", "verl remedy: its own flags for the exact gradient"),
+)
+"""The methods of the SmolLM2 head-to-head grid (``scripts/frameworks_grid.sh`` runs the same list), with their
+role."""
+HEAD_TO_HEAD_PRIMARY = "k2_as_loss<trl/grpo-k3-bias-correction:kl"
+"""The grid's pre-registered primary hypothesis (``--primary``)."""
+
+HEAD_TO_HEAD_TEXT = """## Head to head on SmolLM2 (protocol)
+
+Does what the audit says about each framework's default KL show in training a real LM? One `klgrad compare` grid
+trains the frameworks' defaults, klgrad's exact head, no KL and two frameworks' own remedies on SmolLM2-135M-Instruct
+(`configs/smollm2_sharpen.yaml`: 1-digit addition through its chat template, ≤ 24 tokens, τ = 0.7), everything but
+the KL term equal. **The measured results are not in yet**: the grid is ready to run
+(`scripts/frameworks_grid.sh`); a dry run of the whole design on the tiny model is in
+`results/frameworks_tiny_dryrun/` (it shows that every method trains and what is recorded, not how they compare on
+SmolLM2).
+
+| method | role | KL enters | aggregation | β' (β = nominal) | audit, on-policy: rel. err vs ∇RKL | klgrad equivalent |
+|---|---|---|---|---|---|---|
+{rows}
+
+**Same nominal strength** (`--beta-scale length`, `src/klgrad/compare/beta_scale.py`). A method's KL term is
+reduced by its own aggregation, the task reward's policy gradient by the shared one (the config's
+`seq_mean_token_sum`, a token sum). A batch token mean divides the KL by the batch's token count, B·L̄; a
+per-sequence mean of token means divides each response's KL by its length, ≈ L̄. So the KL weight that gives every
+method the gradient of J_β = E[R] − β·KL(π‖π_ref) at the nominal β is β' = β·n_kl/n_pg: β·L̄ for a token mean, β for a
+token sum and for klgrad's sequence-level head (and for a KL in the reward shaped with the task reward). L̄ is the
+reference's mean response length on the training prompts (4 samples of each of the first 16, seed 2024, on the
+CPU), measured once by the grid's first invocation and reused by every later one; grid.json records it
+(`beta_scale`) and each method's β' (`effective_betas`), each run's final.json the β it trained at (`kl_beta`), and
+summary.md's table has a β' column. The scale is nominal: the responses' length moves during training and a token
+mean's weight with it, and a per-sequence mean weighs short responses more than 1/L̄ does. The final J_β and
+KL(π‖π*) are measured at the nominal β; the in-training `eval/J` panels at each run's β'.
+
+**One policy gradient for all: `algo.shaping: rloo`.** Every method has the same shaping, policy-gradient
+aggregation, clip, learning rate (3e-6, cosine), gradient clip and sampling (runs of one seed share prompts and
+sampling uniforms), so only the KL term differs. RLOO's leave-one-out baseline is linear and unnormalised: every
+method's loss is then an unbiased estimate of −∇J_β at its nominal strength, and a preset whose KL enters the
+reward (`openrlhf/k1-reward`, `trl/rloo-k1-reward`, `verl/kl-reward-gae`), trained as an unshaped term of its own
+(“Training with a framework's KL”), differs from the framework's shaped entry only by a leave-one-out baseline on
+the KL, which does not depend on the response's own sample: zero in expectation on-policy (one update per rollout),
+so in expectation it is the framework's entry (TRL's `RLOOTrainer` uses this very baseline). `algo.shaping: none`
+would be faithful sample by sample, but would give the task reward no baseline for every method; GRPO's std
+normalisation would divide the framework's KL by the group's reward std (“Not modelled”) and rescale the task
+reward group by group, so the nominal strength would not hold. The grid records the shaping with its other shared
+overrides in grid.json.
+
+**klgrad's exact head is `k2_as_loss` at `sequence` level**, not `k1_in_reward`: both are exact (“The exact
+reverse-KL gradient, in each framework”), but `k2_as_loss` is a loss term of its own, so like the loss presets it
+never passes through the shared shaping and its token-sum aggregation gives β' = β; the grid's three reward presets
+already cover the KL in the reward.
+
+**The remedies.** For TRL and verl, whose defaults are not the reverse-KL gradient, the grid adds the preset the
+audit's remedy table names for their own flags: `trl/rloo-k1-reward` (TRL's `RLOOTrainer`, k1 summed in the reward)
+and `verl/kl-reward-gae` (`algorithm.use_kl_in_reward`, GAE γ = λ = 1). verl's `kl_loss_type: mse` (k2 in the loss)
+and TRL's bias correction are the per-step reverse KL, not the sequence's; the latter is in the grid as TRL's
+default. OpenRLHF's default is already exact.
+
+**Primary hypothesis** (pre-registered, tested alone): `{primary}`: klgrad's exact head ends closer to the
+reference (final KL(π‖π_ref), stepwise: exact next-token KLs summed along samples, 22 held-out prompts × 16 samples)
+than TRL ≥ 1.10's default at the same nominal β. TRL ≥ 1.10's bias-corrected k3 is the per-step reverse KL: it drops
+the score-function part of the sequence KL's gradient, through which a token's choice changes the KL of the tokens
+after it, the part that pulls the policy away from prefixes whose continuations drift. It is the newest default of
+the most used library, and the KL to the reference is measurable on SmolLM2 (KL(π‖π*) cannot be enumerated over
+49,152 tokens). The other predictions of `klgrad compare` among these methods form the secondary Holm family; the
+other pairs are read from the table.
+
+**Design**: 40 steps (cosine learning rate; the convergence criterion, `--converge-gap 0.08` on the training
+batch's KL, is recorded before the runs and reported), seeds 0–7 (8 pairs: the exact sign-flip p can reach
+2/2⁸ < 0.05; 6 is the floor), nominal β = 0.5 at sequence level (the β of the earlier SmolLM2 grids, where the KL
+heads halve the KL of no KL). Cost: 8 methods × 8 seeds × 40 steps = 2,560 steps, 8–21 h on 2 CPU cores at
+11–30 s a step (docs/performance.md), minutes per seed on a GPU. A second β for a reward–KL frontier
+(`BETAS=0.5,0.1`) doubles it: worth it on a GPU, not within a day on 2 cores.
+
+Run it from a pinned revision (the grid records it and refuses another):
+
+```bash
+# CPU: seeds one after another
+REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 bash scripts/frameworks_grid.sh
+# CUDA: 8 seeds at once, each into OUT/seedS, then merged into OUT
+REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=8 bash scripts/frameworks_grid.sh
+```
+
+Each seed is one `klgrad compare --pin REV --only-seeds S` with every method, so a seed's pairs complete together;
+running the script again resumes a stopped grid (finished runs are skipped, interrupted ones resume from their
+checkpoint). With `PARALLEL`, L̄ is measured once beforehand and given to every seed (`--beta-scale length=L`),
+each seed runs into `OUT/seedS` and the seeds are merged into `OUT` (`klgrad compare --merge`). `OUT/summary.md`
+has the table (β' per method), the primary verdict and the secondary ones; `comparison.png` and `frontier.png` the
+curves and the reward–KL points.
+"""
+
+
+def head_to_head_markdown(rows: list[dict]) -> str:
+    """The protocol of the SmolLM2 head-to-head grid, each preset's audit numbers read from this run's rows (its
+    default aggregation, on-policy)."""
+    by_id = {p.id: p for p in PRESETS}
+    lines = []
+    for method, role in HEAD_TO_HEAD:
+        if method not in by_id:
+            enters = "none" if method == "none" else "loss (sequence level)"
+            agg = "token sum" if method != "none" else "—"
+            beta = "β" if method != "none" else "—"
+            err = "<1e-12 (exact, on- and off-policy)" if method != "none" else "—"
+            lines.append(f"| `{method}` | {role} | {enters} | {agg} | {beta} | {err} | `{method}` |")
+            continue
+        p = by_id[method]
+        r = next(
+            r for r in rows if r["id"] == method and r["regime"] == "on_policy" and r["framework_default_aggregation"]
+        )
+        enters = "loss" if p.style == "loss" else "reward"
+        beta = "β·L̄" if p.aggregation in ("token_mean", "seq_mean") else "β"
+        lines.append(
+            f"| `{method}` | {role} | {enters} | {r['aggregation']} | {beta} | {fmt_error(r['err_rkl'])} | "
+            f"`{_cell(r['equals'])}` |"
+        )
+    return HEAD_TO_HEAD_TEXT.format(rows="\n".join(lines), primary=HEAD_TO_HEAD_PRIMARY)
+
+
 def _join(items) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     items = list(items)
@@ -424,6 +550,7 @@ def frameworks_markdown() -> str:
     lines.append(findings(rows))
     lines.append(precision_markdown([(m.framework, m.flags, m.preset) for m in REMEDIES if m.preset is not None]))
     lines.append(TRAINING)
+    lines.append(head_to_head_markdown(rows))
     lines.append("## Sources\n")
     for name in FRAMEWORKS:
         lines.append(f"### {name}\n")

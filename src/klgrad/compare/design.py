@@ -2,8 +2,9 @@
 
 It records the revision of the klgrad code that runs (:func:`klgrad.compare.provenance.source_revision`) and
 whether it runs pinned, the machine, the base config (its path, and the resolved fields every run shares), the
-methods, seeds, betas, level, dotted overrides, the equivalence margin, the final-KL sizes, the primary hypothesis
-and the convergence criterion, and one ``sessions`` entry per invocation (time, machine, revision, steps, seeds).
+methods, seeds, betas, level, dotted overrides, the β scale and each method's effective β (``--beta-scale``),
+the equivalence margin, the final-KL sizes, the primary hypothesis and the convergence criterion, and one
+``sessions`` entry per invocation (time, machine, revision, steps, seeds).
 
 A continuation (the same ``--out`` again, a larger ``--steps``, more seeds or methods) must agree with it
 (:func:`settle_design`): the same code (the same package content, else the same revision name;
@@ -36,8 +37,9 @@ FIXED_FIELDS = (
     "estimate_samples",
     "primary",
     "convergence",
+    "beta_scale",
 )
-"""Design fields a continuation must leave as they are."""
+"""Design fields a continuation must leave as they are (``beta_scale``: absent unless ``--beta-scale``)."""
 INHERITED_FIELDS = ("primary", "convergence")
 """Fields a continuation may omit (None): they are then the record's."""
 STEP_FIELDS = ("steps", "eval_every", "save_every", "out_dir", "seed", "keep_checkpoints")

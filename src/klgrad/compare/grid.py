@@ -23,6 +23,7 @@ Holm family (:mod:`klgrad.compare.stats`), never by eye.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ from tqdm.auto import tqdm
 
 from klgrad.audit.framework_head import find_preset, preset_settings
 from klgrad.choices import is_preset_id
+from klgrad.compare.beta_scale import BetaScale, beta_row, parse_beta_scale, settle_scale
 from klgrad.compare.claims import Claim, parse_claim, same_claim
 from klgrad.compare.convergence import ConvergenceCriterion, converged, metric_series
 from klgrad.compare.design import GRID_FILE, now, read_grid, settle_design, shared_config, write_json
@@ -300,9 +302,11 @@ def ensure_run(
     hooks: Mapping[str, FinalHook],
     provenance: dict,
     extras: dict | None = None,
+    nominal_beta: float | None = None,
 ) -> dict:
     """Bring one run of the grid to ``steps`` and return its final.json (``extras``: :func:`final_kl`'s optional
-    metrics).
+    metrics; ``nominal_beta``: the grid's β the final objective J_β is measured at when the run trains at a scaled
+    ``kl.beta``, :mod:`klgrad.compare.beta_scale`; final.json records the trained one as ``kl_beta``).
 
     A run finished at ``steps`` (or stopped by ``train.stop_when``) with final.json is read back. One finished at
     fewer steps is extended: its final.json is kept as ``final.stepN.json`` and training resumes from its last
@@ -330,9 +334,14 @@ def ensure_run(
         train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
         after, _ = run_steps_done(run_dir)
         append_provenance(run_dir, {**provenance, "from_step": start, "to_step": after, "at": now()})
-    final = {**run_final_metrics(run_dir), **final_kl(cfg, run_dir, exact_prompts, estimate_samples, **(extras or {}))}
+    measured = cfg if nominal_beta is None else with_beta(cfg, nominal_beta)  # J_β at the grid's β
+    final = {
+        **run_final_metrics(run_dir),
+        **final_kl(measured, run_dir, exact_prompts, estimate_samples, **(extras or {})),
+    }
     for name, hook in hooks.items():  # downstream evaluations: the weights are still there
         final[name] = hook(cfg, run_dir)
+    final["kl_beta"] = cfg.kl.beta
     final["steps"], stop = run_steps_done(run_dir)
     if stop:
         final["stopped"] = json.loads((run_dir / "summary.json").read_text())["stopped"]
@@ -342,6 +351,11 @@ def ensure_run(
     if not keep_checkpoints:  # its numbers are in final.json; a real model's weights are GBs a run
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return final
+
+
+def with_beta(cfg: Config, beta: float) -> Config:
+    """``cfg`` with ``kl.beta`` = ``beta``."""
+    return dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, beta=beta))
 
 
 def extendable(run_dir: Path, steps: int) -> bool:
@@ -429,13 +443,46 @@ def write_summary(out_dir: Path, record: dict) -> dict:
     summary["revision"] = record["revision"]["revision"]
     summary["registered_at"] = record["created"]
     summary["machines"] = sorted({m for r in results for m in r.get("ran_on", [])})
+    if record.get("beta_scale") is not None:
+        summary["beta_scale"] = record["beta_scale"]
+        summary["effective_betas"] = effective_betas(record, results)
     write_json(out_dir / "summary.json", {**summary, "runs": results})
     (out_dir / "summary.md").write_text(summary_markdown(summary))
     present = [(r["method"], r["beta"], r["seed"]) for r in results]
     if present:
-        plot_grid(out_dir, present, methods, betas)
+        plot_grid(out_dir, present, methods, betas, scaled=record.get("beta_scale") is not None)
         plot_frontier(results, out_dir / "frontier.png", methods)
     return summary
+
+
+def effective_betas(record: dict, results: list[dict]) -> dict[str, float]:
+    """``{"method@β": β'}``: the ``kl.beta`` each (method, β) trained at, from its runs' final.json
+    (``kl_beta``), else from grid.json's ``effective_betas`` (:mod:`klgrad.compare.beta_scale`)."""
+    out = {f"{r['method']}@{r['beta']:g}": r["effective_beta"] for r in record.get("effective_betas", [])}
+    for r in results:
+        if r.get("kl_beta") is not None:
+            out[f"{r['method']}@{r['beta']:g}"] = r["kl_beta"]
+    return out
+
+
+def beta_scale_markdown(summary: dict) -> list[str]:
+    """The sentence under the table of a grid run with ``--beta-scale``: L̄ and what β' is, or nothing."""
+    s = summary.get("beta_scale")
+    if s is None:
+        return []
+    how = (
+        f"measured once as the reference's mean response length over {s['samples']} samples of each of the first "
+        f"{s['prompts']} training prompts (seed {s['seed']}, on the CPU)"
+        if s.get("measured", True)
+        else "given on the command line"
+    )
+    return [
+        f"Same nominal strength (`--beta-scale {s['mode']}`): β' (the `kl.beta` a method trained at) = β·n_kl/n_pg, "
+        "n = 1 for a token sum (`seq_mean_token_sum`, klgrad's sequence-level heads) and L̄ for a token mean "
+        f"(`token_mean`, `seq_mean_token_mean`); L̄ = {s['mean_length']:.3f} tokens, {how}. J_β and KL to optimum "
+        "are at the nominal β.",
+        "",
+    ]
 
 
 def registration(record: dict) -> dict:
@@ -488,6 +535,7 @@ def run_compare(
     allow_dirty: bool = False,
     optimum_ref_samples: int = 0,
     forgetting_samples: int = 0,
+    beta_scale: str | BetaScale | None = None,
 ) -> dict:
     """Run, resume or extend the grid, then write figure, frontier, summary.json and summary.md into ``out_dir``.
 
@@ -511,7 +559,14 @@ def run_compare(
     run's ``checkpoints/`` is deleted once its ``final.json`` is written (a finished run is then still skipped,
     but can no longer be extended). ``optimum_ref_samples``, ``forgetting_samples``: :func:`final_kl`'s optional
     metrics (0: off); a run whose ``final.json`` exists keeps the numbers it has.
+
+    ``beta_scale`` (``"length"``, ``"length=L"`` or a :class:`~klgrad.compare.beta_scale.BetaScale`; None or
+    ``"off"``: every run at β) trains each method at the same nominal strength, β' = β·n_kl/n_pg
+    (:mod:`klgrad.compare.beta_scale`): L̄ is measured once (or reused from grid.json) and recorded there as
+    ``beta_scale``, each (method, β)'s β' as ``effective_betas``; run folders and the summary keep the nominal β,
+    the final objective J_β is measured at it, and the summary table states β'.
     """
+    scale = parse_beta_scale(beta_scale) if isinstance(beta_scale, str) or beta_scale is None else beta_scale
     claim = parse_claim(primary) if isinstance(primary, str) else primary
     if claim is not None:
         check_claim(claim, methods)
@@ -528,12 +583,16 @@ def run_compare(
         "train.tensorboard": False,
         **(extra_overrides or {}),
     }
-    cfgs = {}
+    cfgs, run_overrides = {}, {}
     for m, b, s in grid:  # validate every config before running anything
         run_dir = out_dir / "runs" / run_name(m, b, s)
-        cfgs[(m, b, s)] = load_config(
-            config, {**base, **method_overrides(m, level, b), "train.seed": s, "train.out_dir": str(run_dir)}
-        )
+        run_overrides[(m, b, s)] = {
+            **base,
+            **method_overrides(m, level, b),
+            "train.seed": s,
+            "train.out_dir": str(run_dir),
+        }
+        cfgs[(m, b, s)] = load_config(config, run_overrides[(m, b, s)])
     sampling_temperature(list(cfgs.values()))  # one temperature, or refused before anything is written
     stuck = [str(c.train.out_dir) for c in cfgs.values() if not extendable(Path(c.train.out_dir), steps)]
     if stuck:
@@ -566,6 +625,14 @@ def run_compare(
     new = json.loads(json.dumps(new))  # as grid.json will hold it (tuples as lists), so records compare equal
     with run_lock(out_dir):  # one writer per output folder (creates it)
         old = read_grid(out_dir)
+        scale = settle_scale(scale, (old or {}).get("beta_scale"), next(iter(cfgs.values())))
+        rows: list[dict] = []
+        if scale is not None:  # each method at the same nominal strength: β' per (method, β)
+            new["beta_scale"] = scale.as_dict()
+            rows = [beta_row(m, b, cfgs[(m, b, run_seeds[0])], scale.mean_length) for b in betas for m in methods]
+            for (m, b, s), over in run_overrides.items():
+                eff = next(r["effective_beta"] for r in rows if r["method"] == m and r["beta"] == b)
+                cfgs[(m, b, s)] = load_config(config, {**over, "kl.beta": eff})
         new["machine"] = machine  # this session's; every session's is in "sessions"
         new["session"] = {
             "at": new["created"],
@@ -579,6 +646,10 @@ def run_compare(
         has_runs = any((out_dir / "runs").glob("*/metrics.jsonl"))
         record = settle_design(old, new, has_runs, str(out_dir), allow_dirty)
         del record["session"]
+        if scale is not None:  # the recorded rows, this invocation's added or updated
+            mine = {(r["method"], r["beta"]) for r in rows}
+            kept = [r for r in (old or {}).get("effective_betas", []) if (r["method"], r["beta"]) not in mine]
+            record["effective_betas"] = kept + rows
         if record["convergence"] is None:
             record["convergence"] = ConvergenceCriterion().as_dict()
         write_json(out_dir / GRID_FILE, record)  # before any run
@@ -597,6 +668,7 @@ def run_compare(
                 hooks=final_hooks or {},
                 provenance=provenance,
                 extras={"optimum_ref_samples": optimum_ref_samples, "forgetting_samples": forgetting_samples},
+                nominal_beta=None if scale is None else b,
             )
         bar.close()
         return write_summary(out_dir, record)
@@ -928,9 +1000,14 @@ def summary_markdown(summary: dict) -> str:
         m, h = row[k]["mean"], row[k]["ci95"]
         return f"{m:.4f} ± {h:.4f}"
 
+    scaled = summary.get("effective_betas")
+    if scaled is not None:  # one more column: the β each method trained at
+        lines[-2] = lines[-2].replace("| method @ β |", "| method @ β | β' (kl.beta) |")
+        lines[-1] += "---|"
     for name, row in summary["table"].items():
+        eff = "" if scaled is None else (f" {scaled[name]:.4g} |" if name in scaled else " — |")
         lines.append(
-            f"| {name} | {cell(row, 'greedy_accuracy')} | {cell(row, 'exact_kl')} | {cell(row, 'stepwise_kl')} | "
+            f"| {name} |{eff} {cell(row, 'greedy_accuracy')} | {cell(row, 'exact_kl')} | {cell(row, 'stepwise_kl')} | "
             f"{cell(row, 'forward_kl')} | "
             f"{cell(row, 'sampled_k1')} | {cell(row, 'sampled_k3')} | {cell(row, 'logp_gap')} | "
             f"{cell(row, 'reward_std_in_group')} | {cell(row, 'J')} | {cell(row, 'kl_to_optimum')} |"
@@ -941,6 +1018,7 @@ def summary_markdown(summary: dict) -> str:
         "(short answers; J* is the best J_β any policy reaches). Forward KL = KL(π_ref‖π) on the same prompts: exact "
         "where the exact KL is, else stepwise along reference samples.",
         "",
+        *beta_scale_markdown(summary),
         *primary_markdown(summary),
         *convergence_markdown(summary),
         "## The predictions" + (" (secondary)" if "primary" in summary else ""),
@@ -1039,11 +1117,21 @@ def _run_records(out_dir: Path, method: str, beta: float, seeds: list[int]) -> l
     return [read_jsonl(out_dir / "runs" / run_name(method, beta, s) / "metrics.jsonl") for s in seeds]
 
 
-def plot_grid(out_dir: Path, grid, methods, betas) -> None:
+def plot_grid(out_dir: Path, grid, methods, betas, scaled: bool = False) -> None:
     """The paper's panel layout (training batches: mean over seeds with a ±1 sd band, one colour per method,
-    first β) and a row of held-out evaluations: distance to the optimum π*, to the reference, accuracy."""
+    first β) and a row of held-out evaluations: distance to the optimum π*, to the reference, accuracy.
+
+    ``scaled`` (a ``--beta-scale`` grid): each run logged its distance to the optimum of J_β' at its own β', so
+    that panel says so (only the final KL(π‖π*) of the summary is at the grid's β)."""
     plt = pyplot()
     import numpy as np
+
+    eval_panels = EVAL_PANELS
+    if scaled:
+        eval_panels = (
+            ("eval/kl_to_optimum", "held-out KL(π‖π*) of J_β' at each run's own β' (not comparable across β')"),
+            *EVAL_PANELS[1:],
+        )
 
     b = betas[0]
     fig, axes = plt.subplots(4, 3, figsize=(14, 13))
@@ -1072,11 +1160,11 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
             ax.fill_between(xs, mean - sd, mean + sd, color=COLORS.get(m), alpha=0.15)
             ax.set_title(label, fontsize=10)
             ax.grid(alpha=0.3)
-        for ax, (key, label) in zip(axes.flat[9:], EVAL_PANELS, strict=True):
+        for ax, (key, label) in zip(axes.flat[9:], eval_panels, strict=True):
             evals = [{r["step"]: r[key] for r in rs if r.get(key) is not None} for rs in runs]
             common = sorted(set.intersection(*(set(e) for e in evals))) if evals else []
             if common:
-                drawn.add(9 + EVAL_PANELS.index((key, label)))
+                drawn.add(9 + eval_panels.index((key, label)))
                 y = np.array([[e[t] for t in common] for e in evals])  # (seeds, evals)
                 ax.errorbar(
                     common, y.mean(0), yerr=y.std(0), color=COLORS.get(m), marker="o", ms=4, lw=1.4, capsize=3, label=m
@@ -1087,7 +1175,7 @@ def plot_grid(out_dir: Path, grid, methods, betas) -> None:
     for i, ax in enumerate(axes.flat):
         if i not in drawn:  # e.g. the exact panels of a model whose vocabulary is too large to enumerate
             ax.cla()
-            ax.set_title(ax.get_title() or (PANELS + EVAL_PANELS)[i][1], fontsize=10)
+            ax.set_title(ax.get_title() or (PANELS + eval_panels)[i][1], fontsize=10)
             ax.text(0.5, 0.5, "not measured in these runs", ha="center", va="center", transform=ax.transAxes)
             ax.set_xticks([])
             ax.set_yticks([])
