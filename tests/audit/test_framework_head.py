@@ -41,37 +41,15 @@ from klgrad.audit.framework_head import (
 from klgrad.audit.frameworks import audited_aggregation
 from klgrad.audit.presets import PRESETS
 from klgrad.config import ConfigError, load_config
-from klgrad.trainer import Batch, make_logprob_fn, update
-from tests.helpers.tiny_llama import BOS, EOS, PAD, V, tiny_llama64
+from klgrad.trainer import Batch, update
+from tests.helpers.tiny_llama import tiny_llama64
 from tests.helpers.tolerances import llama_depth, network_tol
+from tests.helpers.update_batch import F64, LOGPROBS, G, L, N, P, make_batch
 
-F64 = torch.float64
-P, G, L, T = 3, 2, 2, 4  # prompts, group size, prompt width, response width
-N = P * G
 BETA = 0.3
-LOGPROBS = make_logprob_fn(1.0, fast_forward=False)
 
 
-def make_batch(off_policy: bool) -> Batch:
-    """N = 6 rows: BOS + one prompt token, then a response of 1..4 tokens (EOS last, then padding); rewards 0;
-    reference log-probs of the model of seed 11, behaviour (off-policy) of seed 12."""
-    gen = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, V, (P,), generator=gen).repeat_interleave(G)  # (N,)
-    lengths = torch.tensor([4, 1, 3, 2, 4, 3])  # (N,) response tokens, EOS included
-    responses = torch.randint(3, V, (N, T), generator=gen)
-    mask = torch.arange(T)[None, :] < lengths[:, None]  # (N, T)
-    responses[torch.arange(N), lengths - 1] = EOS
-    responses = torch.where(mask, responses, PAD)
-    input_ids = torch.cat([torch.full((N, 1), BOS), prompts[:, None], responses], dim=1)  # (N, L + T)
-    attention_mask = torch.cat([torch.ones(N, L, dtype=torch.long), mask.long()], dim=1)
-    with torch.no_grad():
-        ref_logp, _ = LOGPROBS(tiny_llama64(seed=11, attn="sdpa"), input_ids, attention_mask, L, False)
-        behaviour = LOGPROBS(tiny_llama64(seed=12, attn="sdpa"), input_ids, attention_mask, L, False)[0]
-    old = behaviour if off_policy else None
-    return Batch(input_ids, attention_mask, L, mask, torch.zeros(N, dtype=F64), ref_logp, old)
-
-
-BATCHES = {"on_policy": make_batch(False), "off_policy": make_batch(True)}
+BATCHES = {"on_policy": make_batch(0, False, rewards=False), "off_policy": make_batch(0, True, rewards=False)}
 
 
 def config(head: str, **over):

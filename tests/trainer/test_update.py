@@ -23,31 +23,9 @@ from klgrad.config import load_config
 from klgrad.objective import ObjectiveSpec, combined_advantages, decoupled_advantages, policy_objective
 from klgrad.trainer import Batch, UpdateStats, make_logprob_fn, mini_batch_rows, update
 from klgrad.trainer.faults import Hooks
-from tests.helpers.tiny_llama import BOS, EOS, PAD, V, tiny_llama64
+from tests.helpers.tiny_llama import tiny_llama64
 from tests.helpers.tolerances import llama_depth, network_tol, unit_roundoff
-
-F64 = torch.float64
-P, G, L, T = 3, 2, 2, 4  # prompts, group size, prompt width, response width
-N = P * G
-
-
-def make_batch(seed: int = 0, off_policy: bool = False) -> Batch:
-    """N = 6 rows: BOS + one prompt token, then a response of 1..4 tokens (EOS last, then padding)."""
-    gen = torch.Generator().manual_seed(seed)
-    prompts = torch.randint(3, V, (P,), generator=gen).repeat_interleave(G)  # (N,)
-    lengths = torch.tensor([4, 1, 3, 2, 4, 3])  # (N,) response tokens, EOS included
-    responses = torch.randint(3, V, (N, T), generator=gen)
-    mask = torch.arange(T)[None, :] < lengths[:, None]  # (N, T)
-    responses[torch.arange(N), lengths - 1] = EOS
-    responses = torch.where(mask, responses, PAD)
-    input_ids = torch.cat([torch.full((N, 1), BOS), prompts[:, None], responses], dim=1)  # (N, L + T)
-    attention_mask = torch.cat([torch.ones(N, L, dtype=torch.long), mask.long()], dim=1)
-    fn = make_logprob_fn(1.0, fast_forward=False)
-    with torch.no_grad():
-        ref_logp, _ = fn(tiny_llama64(seed=11, attn="sdpa"), input_ids, attention_mask, L, False)
-        old = fn(tiny_llama64(seed=12, attn="sdpa"), input_ids, attention_mask, L, False)[0] if off_policy else None
-    rewards = torch.rand(N, generator=gen, dtype=F64)
-    return Batch(input_ids, attention_mask, L, mask, rewards, ref_logp, old)
+from tests.helpers.update_batch import F64, G, L, N, P, make_batch
 
 
 def config(**over):
