@@ -255,3 +255,50 @@ def test_eval_objective_prompts_default_and_validation():
         load_config("configs/tiny_add.yaml", {"train.eval_objective_prompts": -1})
     with pytest.raises(ConfigError, match="eval_objective_prompts"):
         load_config("configs/tiny_add.yaml", {"train.eval_objective_prompts": 5, "kl.beta": 0.0})
+
+
+def test_score_leaves_scores_as_the_run_does():
+    """``score_leaves`` passes the run's timeout and failure value: a reward slower than the timeout fails every
+    leaf of its call with ``failure_value``; under a timeout it meets, the same leaves score their values."""
+    import time
+
+    from klgrad.data.example import Example
+    from klgrad.exact.objective import score_leaves
+    from klgrad.rewards import RewardSpec
+
+    def slow(prompts, completions, **kw):
+        time.sleep(0.3)
+        return [float(len(c)) for c in completions]
+
+    specs = [RewardSpec("slow", slow)]
+    examples = [Example("p0", "0", "a"), Example("p1", "1", "b")]
+    texts = ["a", "bb", "ccc"]
+    totals, failures = score_leaves(specs, examples, [0, 1, 1], texts, 2, timeout_s=0.05, failure_value=-7.0)
+    assert (totals, failures) == ([-7.0, -7.0, -7.0], 3)
+    totals, failures = score_leaves(specs, examples, [0, 1, 1], texts, 2, timeout_s=30.0)
+    assert (totals, failures) == ([1.0, 2.0, 3.0], 0)
+
+
+def test_exact_objective_scores_with_the_given_timeout():
+    """The exact objective's leaves are scored under ``reward_timeout_s``: a reward that outlives it fails every
+    leaf (all counted), one that it covers fails none."""
+    import time
+
+    from klgrad.data.tasks import make_splits
+    from klgrad.models import build_char_tokenizer, build_tiny_model
+    from klgrad.rewards import RewardSpec
+
+    def slow(prompts, completions, **kw):
+        time.sleep(0.2)
+        return [1.0] * len(completions)
+
+    tok = build_char_tokenizer()
+    policy, ref = build_tiny_model(tok, 0).eval(), build_tiny_model(tok, 1).eval()
+    _, heldout = make_splits("addition", 10, 1, 0, 2)
+    specs = [RewardSpec("slow", slow)]
+    kw = {"beta": 0.5, "max_new_tokens": 1, "prune": 0.0, "reward_batch": 1 << 20}
+    failed = exact_objective(policy, ref, tok, heldout, specs, reward_timeout_s=0.01, **kw)
+    assert failed["reward_failures"] == failed["leaves"] > 0
+    scored = exact_objective(policy, ref, tok, heldout, specs, reward_timeout_s=30.0, **kw)
+    assert scored["reward_failures"] == 0
+    assert scored["reward"] == pytest.approx(1.0, abs=1e-12)  # every leaf scored 1, exact mean of ones

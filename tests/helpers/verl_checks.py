@@ -52,8 +52,9 @@ def _grad(fn, l: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 def _log_ratios() -> tuple[torch.Tensor, torch.Tensor]:
     """Moderate (|u| ≤ 2.5) and all log-ratios (adds extreme ones up to ±100), as (l, r) pairs in float64."""
     moderate = torch.cat([torch.randn(4000, dtype=DT), torch.linspace(-2.5, 2.5, 501, dtype=DT)]).clamp(-2.5, 2.5)
-    extreme = torch.tensor([-100, -50, -25, -20.5, -19.9, -15, -11, -5, -3, 3, 5, 11, 15, 19.9, 20.5, 25, 50, 100],
-                           dtype=DT)
+    extreme = torch.tensor(
+        [-100, -50, -25, -20.5, -19.9, -15, -11, -5, -3, 3, 5, 11, 15, 19.9, 20.5, 25, 50, 100], dtype=DT
+    )
     u_all = torch.cat([moderate, 8 * torch.randn(4000, dtype=DT), extreme])
     out = []
     for u in (moderate, u_all):
@@ -98,9 +99,14 @@ def parity() -> dict:
                 u = l - r
                 bad = (dv > 1e-9) | (dg > 1e-9)
                 row["differs_at_u"] = (
-                    None if not bool(bad.any()) else {"n": int(bad.sum()), "u_min": float(u[bad].min()),
-                                                      "u_max": float(u[bad].max()),
-                                                      "agrees_on_u_in": _agree_interval(u, bad)}
+                    None
+                    if not bool(bad.any())
+                    else {
+                        "n": int(bad.sum()),
+                        "u_min": float(u[bad].min()),
+                        "u_max": float(u[bad].max()),
+                        "agrees_on_u_in": _agree_interval(u, bad),
+                    }
                 )
                 row["verl_grad_zeroed_at_n"] = int(((g_verl == 0) & (g_kg != 0)).sum())
                 row["klgrad_finite"] = bool(torch.isfinite(v_kg).all() and torch.isfinite(g_kg).all())
@@ -195,8 +201,12 @@ def loss_checks() -> dict:
     results = []
     for mode, pl in cases:
         config = actor_config(mode, **pl)
-        row = {"loss_agg_mode": mode, **{k: v for k, v in pl.items()}, "config_type": type(config).__name__,
-               "policy_loss_type": type(config.policy_loss).__name__}
+        row = {
+            "loss_agg_mode": mode,
+            **{k: v for k, v in pl.items()},
+            "config_type": type(config).__name__,
+            "policy_loss_type": type(config.policy_loss).__name__,
+        }
         spec = kv.spec_from_verl(config, mode)
 
         # 1) inside verl's actor loss call (verl.workers.utils.losses.ppo_loss via klgrad_ppo_loss)
@@ -212,8 +222,16 @@ def loss_checks() -> dict:
 
         # 3) the registered fn called directly with verl's keyword signature (+ ref_log_prob)
         leaf3 = d["logp"].clone().requires_grad_(True)
-        loss3, _ = fn(old_log_prob=d["old"], log_prob=leaf3, advantages=d["adv"], response_mask=d["mask"],
-                      loss_agg_mode=mode, config=config, rollout_is_weights=None, ref_log_prob=d["ref"])
+        loss3, _ = fn(
+            old_log_prob=d["old"],
+            log_prob=leaf3,
+            advantages=d["adv"],
+            response_mask=d["mask"],
+            loss_agg_mode=mode,
+            config=config,
+            rollout_is_weights=None,
+            ref_log_prob=d["ref"],
+        )
         (g3,) = torch.autograd.grad(loss3, leaf3)
 
         m = d["mask"]
@@ -235,8 +253,14 @@ def loss_checks() -> dict:
     # KL head on but no reference log-probs: a clear error, not a silent zero
     config = actor_config("token-mean", kl_head="k2_as_loss", kl_beta=0.5)
     try:
-        fn(old_log_prob=d["old"], log_prob=d["logp"], advantages=d["adv"], response_mask=d["mask"],
-           loss_agg_mode="token-mean", config=config)
+        fn(
+            old_log_prob=d["old"],
+            log_prob=d["logp"],
+            advantages=d["adv"],
+            response_mask=d["mask"],
+            loss_agg_mode="token-mean",
+            config=config,
+        )
         out["missing_ref_error"] = None
     except ValueError as e:
         out["missing_ref_error"] = str(e)
@@ -254,14 +278,24 @@ def loss_checks() -> dict:
     out["vs_verl"] = vs_verl(d)
 
     # verl's own PolicyLossConfig (no klgrad fields): klgrad's defaults, KL head off (β = 0)
-    plain = omega_conf_to_dataclass(OmegaConf.create({
-        "_target_": "verl.workers.config.ActorConfig", "strategy": "fsdp", "rollout_n": 4,
-        "ppo_micro_batch_size_per_gpu": 8,
-        "policy_loss": {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": "klgrad"},
-    }))
+    plain = omega_conf_to_dataclass(
+        OmegaConf.create(
+            {
+                "_target_": "verl.workers.config.ActorConfig",
+                "strategy": "fsdp",
+                "rollout_n": 4,
+                "ppo_micro_batch_size_per_gpu": 8,
+                "policy_loss": {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": "klgrad"},
+            }
+        )
+    )
     spec = kv.spec_from_verl(plain, "token-mean")
-    out["plain_policy_loss_config"] = {"type": type(plain.policy_loss).__name__, "kl_head": spec.kl.head,
-                                       "beta": spec.kl.beta, "kl_clip_eps": spec.kl.clip_eps}
+    out["plain_policy_loss_config"] = {
+        "type": type(plain.policy_loss).__name__,
+        "kl_head": spec.kl.head,
+        "beta": spec.kl.beta,
+        "kl_clip_eps": spec.kl.clip_eps,
+    }
 
     # bad setting names the field
     try:
@@ -293,10 +327,21 @@ def vs_verl(d: dict) -> dict:
         return float(loss.detach()), g
 
     def verl_config(use_kl: bool):
-        raw = OmegaConf.create({"_target_": "verl.workers.config.ActorConfig", "strategy": "fsdp", "rollout_n": 4,
-                                "ppo_micro_batch_size_per_gpu": 8, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
-                                "loss_agg_mode": "token-mean", "use_kl_loss": use_kl, "kl_loss_coef": beta,
-                                "kl_loss_type": "k2", "policy_loss": {"loss_mode": "vanilla"}})
+        raw = OmegaConf.create(
+            {
+                "_target_": "verl.workers.config.ActorConfig",
+                "strategy": "fsdp",
+                "rollout_n": 4,
+                "ppo_micro_batch_size_per_gpu": 8,
+                "clip_ratio_low": 0.2,
+                "clip_ratio_high": 0.28,
+                "loss_agg_mode": "token-mean",
+                "use_kl_loss": use_kl,
+                "kl_loss_coef": beta,
+                "kl_loss_type": "k2",
+                "policy_loss": {"loss_mode": "vanilla"},
+            }
+        )
         return omega_conf_to_dataclass(raw)
 
     out = {}
@@ -308,8 +353,10 @@ def vs_verl(d: dict) -> dict:
         lv, gv = run(verl_config(True), old, ppo_loss)
         cfg = actor_config("token-mean", kl_head="k2_as_loss", kl_beta=beta, kl_level="token", kl_ratio_level="token")
         lk, gk = run(cfg, old, kv.klgrad_ppo_loss)
-        out[f"k2_token_kl_{tag}"] = {"loss_abs_diff": abs(lv - lk),
-                                     "grad_max_abs_diff": float((gv - gk)[m].abs().max())}
+        out[f"k2_token_kl_{tag}"] = {
+            "loss_abs_diff": abs(lv - lk),
+            "grad_max_abs_diff": float((gv - gk)[m].abs().max()),
+        }
     return out
 
 

@@ -127,9 +127,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_full_forward(make):
 
     def run(shared, packing=False):
         model.zero_grad()
-        lp, ent = sequence_logprobs(
-            model, ids, mask, 5, 0.7, with_entropy=True, fast_forward=shared, packing=packing
-        )
+        lp, ent = sequence_logprobs(model, ids, mask, 5, 0.7, with_entropy=True, fast_forward=shared, packing=packing)
         (torch.where(resp_mask, weights * lp + 0.3 * ent, 0.0)).sum().backward()
         grads = {k: p.grad.clone() for k, p in model.named_parameters()}
         return lp.masked_fill(~resp_mask, 0), ent.masked_fill(~resp_mask, 0), grads

@@ -90,6 +90,8 @@ KL_LABELS = {
     "stepwise_kl": "sampled, stepwise (exact next-token KLs summed along samples)",
     "sampled_k1": "sampled k1",
 }
+KL_AXIS_LABELS = {"exact_kl": "exact", "stepwise_kl": "sampled, stepwise", "sampled_k1": "sampled k1"}
+"""Short forms of :data:`KL_LABELS` for a figure's axis (the long ones do not fit its width)."""
 OBJECTIVE_KEYS = ("J", "J_star", "kl_to_optimum")
 """Final metrics read from a run's ``objective`` dict."""
 
@@ -1214,7 +1216,7 @@ def plot_frontier(results: list[dict], path: Path, methods) -> None:
     ref_acc = results[0].get("reference_greedy_accuracy") if results else None
     if ref_acc is not None:
         ax.axhline(ref_acc, color="black", ls=":", lw=1, label="reference")
-    ax.set_xlabel(f"final KL(π‖π_ref) on held-out prompts ({KL_LABELS[key]})")
+    ax.set_xlabel(f"final KL(π‖π_ref) on held-out prompts ({KL_AXIS_LABELS[key]})")
     ax.set_ylabel("final held-out greedy accuracy")
     ax.set_title("Reward–KL frontier (one point per run)")
     ax.grid(alpha=0.3)

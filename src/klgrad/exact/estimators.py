@@ -347,6 +347,8 @@ def estimate_kl_to_optimum(
     chat: bool = False,
     seed: int = 0,
     reward_batch: int = 256,
+    reward_timeout_s: float = 5.0,
+    reward_failure_value: float = 0.0,
 ) -> dict:
     r"""KL(π‖π*) of ``policy`` on the prompts of ``examples`` from samples (:func:`kl_to_optimum_from_samples`):
     ``samples`` policy samples per prompt (stepwise KL and reward), ``ref_samples`` reference samples per prompt
@@ -370,14 +372,15 @@ def estimate_kl_to_optimum(
     )  # (P·samples,)
     texts = [t for r in rolls for t in decode_responses(tokenizer, r)]
     prompt_of = torch.arange(len(examples)).repeat_interleave(samples)  # (P·samples,)
-    rewards, failures = score_leaves(specs, examples, prompt_of.tolist(), texts, reward_batch)
+    scoring = {"timeout_s": reward_timeout_s, "failure_value": reward_failure_value}  # as the run scores a batch
+    rewards, failures = score_leaves(specs, examples, prompt_of.tolist(), texts, reward_batch, **scoring)
     key = (weights_fingerprint(ref), ids.cpu().numpy().tobytes(), ref_samples, seed + 1, tuple(sorted(common.items())))
     if key not in _REF_TEXTS:  # one reference, prompts and seed give the same draws: sample them once per process
         _REF_TEXTS.clear()
         _REF_TEXTS[key] = _reference_texts(ref, tokenizer, ids, mask, ref_samples, pad, seed + 1, **common)
     ref_texts = _REF_TEXTS[key]
     ref_prompt = torch.arange(len(examples)).repeat_interleave(ref_samples)  # (P·ref_samples,)
-    ref_rewards, ref_failures = score_leaves(specs, examples, ref_prompt.tolist(), ref_texts, reward_batch)
+    ref_rewards, ref_failures = score_leaves(specs, examples, ref_prompt.tolist(), ref_texts, reward_batch, **scoring)
     rng, known = reward_range(specs, [*rewards, *ref_rewards])
     out = kl_to_optimum_from_samples(
         steps,
@@ -523,6 +526,9 @@ def optional_final_metrics(
             max_new_tokens=cfg.rollout.max_new_tokens,
             temperature=tau,
             chat=uses_chat(cfg.data.prompt_format, tokenizer),
+            reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+            reward_timeout_s=cfg.reward.timeout_s,
+            reward_failure_value=cfg.reward.failure_value,
         )
         out.update(objective_sampled=est, kl_to_optimum_sampled=est["kl_to_optimum"])
     if forgetting_samples:

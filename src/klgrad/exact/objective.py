@@ -146,9 +146,20 @@ def reward_range(specs: Sequence, observed: Sequence[float]) -> tuple[tuple[floa
     return (min([0.0, *observed]), max([0.0, *observed])), False
 
 
-def score_leaves(specs: Sequence, examples: Sequence, leaf_prompt: list[int], texts: list[str], batch: int):
-    """Rewards of the leaves with :func:`klgrad.rewards.compute_rewards`, ``batch`` leaves a call (each call
-    runs under the reward timeout as a training batch does). Returns ``(totals, failures)``."""
+def score_leaves(
+    specs: Sequence,
+    examples: Sequence,
+    leaf_prompt: list[int],
+    texts: list[str],
+    batch: int,
+    *,
+    timeout_s: float = 5.0,
+    failure_value: float = 0.0,
+):
+    """Rewards of the leaves with :func:`klgrad.rewards.compute_rewards`, ``batch`` leaves a call, each call
+    under ``timeout_s`` with ``failure_value`` for a failed leaf, as a training batch of that size is scored
+    (callers pass the run's ``reward.timeout_s`` and ``reward.failure_value`` with its batch size, so an exact
+    value is not biased by a timeout the run itself would not hit). Returns ``(totals, failures)``."""
     from klgrad.data.example import examples_to_columns
     from klgrad.rewards import compute_rewards
 
@@ -162,6 +173,8 @@ def score_leaves(specs: Sequence, examples: Sequence, leaf_prompt: list[int], te
             [examples[i].prompt for i in idx],
             texts[start : start + batch],
             {k: [col[i] for i in idx] for k, col in columns.items()},
+            failure_value=failure_value,
+            timeout_s=timeout_s,
         )
         totals += res.total
         failures += sum(res.failures.values())
@@ -181,11 +194,15 @@ def exact_objective(
     temperature: float = 1.0,
     prune: float = PRUNE,
     reward_batch: int = 256,
+    reward_timeout_s: float = 5.0,
+    reward_failure_value: float = 0.0,
     chat: bool = False,
 ) -> dict:
     """J_β, J*, KL(π‖π*) and KL(π‖π_ref) of ``policy`` on the prompts of ``examples``, means over the prompts.
 
     ``chat``: prompts are encoded through the tokenizer's chat template, as the run encoded them.
+    ``reward_batch``, ``reward_timeout_s``, ``reward_failure_value``: how the leaves are scored
+    (:func:`score_leaves`).
 
     Responses are enumerated (:func:`klgrad.exact.kl.enumerate_responses`), decoded as the sampler's
     responses are (special tokens dropped) and scored by ``specs`` against each example's columns.
@@ -216,7 +233,15 @@ def exact_objective(
     t1 = time.perf_counter()
     texts = tokenizer.batch_decode(tree.responses, skip_special_tokens=True)
     leaf_prompt = tree.leaf_prompt.tolist()
-    totals, failures = score_leaves(specs, examples, leaf_prompt, texts, reward_batch)
+    totals, failures = score_leaves(
+        specs,
+        examples,
+        leaf_prompt,
+        texts,
+        reward_batch,
+        timeout_s=reward_timeout_s,
+        failure_value=reward_failure_value,
+    )
     t2 = time.perf_counter()
     rng, known = reward_range(specs, totals)
     per = objective_of_tree(tree, torch.tensor(totals, dtype=torch.float64), beta, rng)

@@ -104,6 +104,8 @@ def objective_on(policy, ref, tokenizer, examples: list[Example], specs, cfg: Co
         max_new_tokens=cfg.rollout.max_new_tokens,
         temperature=cfg.rollout.temperature,
         reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+        reward_timeout_s=cfg.reward.timeout_s,
+        reward_failure_value=cfg.reward.failure_value,
         chat=uses_chat(cfg.data.prompt_format, tokenizer),
     )
 
