@@ -25,7 +25,9 @@ policy and its per-problem completions) and writes into ``--out`` (default: GRID
   klgrad.exact.estimators);
 - ``downstream.md`` / ``downstream.json``: per method, mean ± 95% t interval over seeds of greedy accuracy,
   pass@1 and pass@8 on the held-out prompts and on the harder variant, and each paired difference between two
-  methods (per-seed differences, t interval and sign-flip p).
+  methods (per-seed differences, t interval and sign-flip p);
+- ``forgetting.md`` / ``forgetting.json`` (when ``scripts/grid_forgetting.py`` has measured runs): the same for
+  KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts.
 """
 
 from __future__ import annotations
@@ -161,47 +163,68 @@ def cell(v: dict, signed: bool = False) -> str:
     return f"{v['mean']:{f}} [{v['ci'][0]:{f}}, {v['ci'][1]:{f}}]"
 
 
+def paired_tables(by: dict[str, dict[str, dict[int, float]]], cols: list[str]) -> tuple[dict, dict, list[str]]:
+    """Per method and column, mean ± 95% t interval over seeds (``by[method][column][seed]``), each paired
+    difference between two methods over their common seeds, and both as markdown lines."""
+    methods = sorted(by)
+    table: dict = {}
+    for m in methods:
+        table[m] = {}
+        for col in cols:
+            vals = by[m][col]
+            mean, lo, hi = ci(list(vals.values()))
+            table[m][col] = {"mean": mean, "ci": [lo, hi], "seeds": len(vals), "by_seed": vals}
+    pairs = {
+        f"{a} - {b}": {col: paired(table[a][col]["by_seed"], table[b][col]["by_seed"]) for col in cols}
+        for i, a in enumerate(methods)
+        for b in methods[i + 1 :]
+    }
+    lines = ["| method | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
+    for m in methods:
+        lines.append(f"| {m} | {table[m][cols[0]]['seeds']} | " + " | ".join(cell(table[m][c]) for c in cols) + " |")
+    lines += ["", "Paired differences (per-seed, mean [95% t interval], exact sign-flip p):", ""]
+    lines += ["| difference | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, by_col in pairs.items():
+        cells = [
+            "–" if t is None else f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] p={t['sign_flip_p']:.3f}"
+            for t in (by_col[c] for c in cols)
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return table, pairs, lines
+
+
 def downstream(rs: list[dict], out: Path) -> dict:
     """The downstream table (module docstring)."""
     keys = [("heldout", "greedy_accuracy"), ("heldout", "pass@1"), ("heldout", "pass@k"), ("harder", "greedy_accuracy"),
             ("harder", "pass@1"), ("harder", "pass@k")]  # fmt: skip
-    methods = sorted({r["method"] for r in rs if "downstream" in r["final"]})
-    table: dict = {}
-    for m in methods:
-        row = {}
+    done = [r for r in rs if "downstream" in r["final"]]
+    by: dict = {}
+    for r in done:
+        benches = r["final"]["downstream"]["eval"]["benchmarks"]
         for bench, key in keys:
-            vals = {
-                r["seed"]: r["final"]["downstream"]["eval"]["benchmarks"][bench][key] for r in rs if r["method"] == m
-            }
-            mean, lo, hi = ci(list(vals.values()))
-            row[f"{bench}/{key}"] = {"mean": mean, "ci": [lo, hi], "seeds": len(vals), "by_seed": vals}
-        table[m] = row
-    pairs = {}
-    for i, a in enumerate(methods):
-        for b in methods[i + 1 :]:
-            pairs[f"{a} - {b}"] = {
-                col: paired({int(s): v for s, v in table[a][col]["by_seed"].items()},
-                            {int(s): v for s, v in table[b][col]["by_seed"].items()})
-                for col in table[a]
-            }  # fmt: skip
-    lines = ["| method | seeds | " + " | ".join(f"{b} {k}" for b, k in keys) + " |", "|---" * (len(keys) + 2) + "|"]
-    for m in methods:
-        cells = [cell(table[m][f"{b}/{k}"]) for b, k in keys]
-        lines.append(f"| {m} | {table[m][f'{keys[0][0]}/{keys[0][1]}']['seeds']} | " + " | ".join(cells) + " |")
-    lines += ["", "Paired differences (per-seed, mean [95% t interval], exact sign-flip p):", ""]
-    lines += ["| difference | " + " | ".join(f"{b} {k}" for b, k in keys) + " |", "|---" * (len(keys) + 1) + "|"]
-    for name, cols in pairs.items():
-        cells = []
-        for b, k in keys:
-            t = cols[f"{b}/{k}"]
-            cells.append(
-                "–"
-                if t is None
-                else f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] p={t['sign_flip_p']:.3f}"
-            )
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            by.setdefault(r["method"], {}).setdefault(f"{bench} {key}", {})[r["seed"]] = benches[bench][key]
+    table, pairs, lines = paired_tables(by, [f"{b} {k}" for b, k in keys])
     (out / "downstream.md").write_text("\n".join(lines) + "\n")
     (out / "downstream.json").write_text(json.dumps({"table": table, "paired": pairs}, indent=1, default=str))
+    return {"table": table, "paired": pairs}
+
+
+def forgetting(rs: list[dict], out: Path) -> dict:
+    """The forgetting table (module docstring): both KLs on the general chat prompts, from the runs'
+    ``forgetting.json`` (``scripts/grid_forgetting.py``); empty when no run has one."""
+    cols = {"reverse_kl": "chat KL(π‖π_ref)", "forward_kl": "chat KL(π_ref‖π)"}
+    by: dict = {}
+    for r in rs:
+        f = r["dir"] / "forgetting.json"
+        if f.is_file():
+            rec = json.loads(f.read_text())
+            for key, col in cols.items():
+                by.setdefault(r["method"], {}).setdefault(col, {})[r["seed"]] = rec[key]
+    if not by:
+        return {}
+    table, pairs, lines = paired_tables(by, list(cols.values()))
+    (out / "forgetting.md").write_text("\n".join(lines) + "\n")
+    (out / "forgetting.json").write_text(json.dumps({"table": table, "paired": pairs}, indent=1, default=str))
     return {"table": table, "paired": pairs}
 
 
@@ -220,12 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     opt = {f"{r['method']}/seed{r['seed']}": kl_to_optimum(r, regime, beta) for r in rs if "downstream" in r["final"]}
     (out / "optimum.json").write_text(json.dumps(opt, indent=1))
     down = downstream(rs, out)
+    forgot = forgetting(rs, out)
     for m, v in pred.items():
         print(f"{m}: predicted {v['predicted_mean']:.3f}, measured {v['measured_mean']:.3f}, gap {v['gap_mean']:+.3f} "
               f"{v['gap_ci']}, r = {v['pearson_r']:.2f} ({v['seeds']} seeds)")  # fmt: skip
     for k, v in opt.items():
         print(f"{k}: KL(π‖π*) = {v['kl_to_optimum']:.3f} ± {v['se']:.3f}")
-    print(f"wrote {out}/prediction.png, prediction.json, optimum.json, downstream.md ({len(down['table'])} methods)")
+    extra = f", forgetting.md ({len(forgot['table'])} methods)" if forgot else ""
+    print(f"wrote {out}/prediction.png, prediction.json, optimum.json, downstream.md ({len(down['table'])} methods)"
+          f"{extra}")  # fmt: skip
     return 0
 
 

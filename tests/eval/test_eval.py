@@ -24,7 +24,7 @@ from klgrad.eval.run import DEFAULT_MAX_NEW_TOKENS, default_max_new_tokens, uniq
 from klgrad.machine import vllm_unavailable_reason
 from klgrad.models import load_model_and_tokenizer
 from klgrad.models.sources import EMBEDDED_DIR
-from klgrad.trainer.checkpoints import save_checkpoint
+from tests.helpers.run_dirs import make_run
 
 # --------------------------------------------------------------------------------------------------------------
 # pass@k
@@ -124,25 +124,6 @@ def add40(tmp_path_factory) -> Path:
     return _write_jsonl(tmp_path_factory.mktemp("data") / "add40.jsonl", _addition_rows())
 
 
-def _make_run(root: Path, noise: float, steps: tuple[int, ...] = (3,)) -> tuple[Path, dict]:
-    """A klgrad run directory as ``klgrad train`` writes it (config.yaml, checkpoints/step_N via save_checkpoint)
-    whose policy is the embedded reference plus seeded noise; returns it and the last checkpoint's weights."""
-    cfg = Config()
-    run = root / "run"
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    policy, _ = load_model_and_tokenizer(EMBEDDED_DIR / EMBEDDED_DEFAULT)
-    optimizer = torch.optim.AdamW(policy.parameters())
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: 1.0)
-    gen = torch.Generator().manual_seed(0)
-    for step in steps:
-        with torch.no_grad():
-            for p in policy.parameters():
-                p.add_(noise * torch.randn(p.shape, generator=gen))
-        save_checkpoint(run, step, policy, policy, optimizer, scheduler, 0.5, cfg, save_ref=False)
-    return run, {k: v.clone() for k, v in policy.state_dict().items()}
-
-
 def _run_eval(argv: list[str]) -> int:
     from klgrad.cli import main
 
@@ -203,7 +184,7 @@ def test_eval_end_to_end_matches_generate_and_writes_the_schema(add40, tmp_path)
 
 
 def test_two_models_write_results_md_with_a_row_each(add40, tmp_path):
-    run, _ = _make_run(tmp_path, noise=0.02)
+    run, _ = make_run(tmp_path, noise=0.02)
     out = tmp_path / "out"
     argv = ["--model", "reference=embedded", "--model", f"trained={run}", "--data", str(add40), "--samples", "2"]
     assert _run_eval([*argv, "--max-new-tokens", "6", "--limit", "10", "--out", str(out)]) == 0
@@ -303,7 +284,7 @@ def test_engine_vllm_without_vllm_says_what_is_missing(add40, tmp_path, capsys):
 
 
 def test_a_run_directory_loads_its_newest_valid_checkpoint(tmp_path):
-    run, weights = _make_run(tmp_path, noise=0.01, steps=(2, 4))
+    run, weights = make_run(tmp_path, noise=0.01, steps=(2, 4))
     m = load_eval_model(str(run), device=torch.device("cpu"))
     assert m.label == "run@step_000004"
     assert m.checkpoint == run / "checkpoints" / "step_000004"
