@@ -507,6 +507,11 @@ def test_bf16_sampler_trains_with_weights_from_trainer_over_sampler_log_probs(tm
         torch.testing.assert_close(w, d.exp().clamp(max=5.0))
         assert not torch.equal(w, torch.ones_like(w))
     records = [r for r in read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl") if "reward/mean" in r]
+    # before the first update π = π_ref, and the batch KL is the trainer's: its log-probs and the reference's come
+    # from one forward of equal weights, so every log-ratio is 0 exactly; the sampler's bf16 log-probs would give
+    # the mismatch instead (mismatch/kl_k1, not 0)
+    assert (records[0]["kl/k1"], records[0]["kl/logp_gap_abs"]) == (0.0, 0.0)
+    assert records[0]["mismatch/kl_k1"] != 0.0
     for r in records:
         assert r["mismatch/logp_diff_abs"] > 0
         assert r["mismatch/kl_k3"] >= 0

@@ -81,13 +81,19 @@ def step_record(
     lr: float,
     clock: StepClock,
 ) -> dict:
-    """The metrics of one step (docs/metrics.md): rewards, sequence KL estimates of the pre-update policy from
-    the sampler's log-probs, lengths, the update's statistics, the β the loss used (``cfg.kl.beta``, the β in
-    force), learning rate and timings."""
+    """The metrics of one step (docs/metrics.md): rewards, sequence KL estimates of the pre-update policy,
+    lengths, the update's statistics, the β the loss used (``cfg.kl.beta``, the β in force), learning rate and
+    timings.
+
+    The KL estimates use the trainer's own log-probs of the rollout when it recomputed them (a sampler in other
+    arithmetic: ``batch.trainer_logp``), else the sampler's: a mismatched engine's log-probs would add the
+    sampler–trainer gap to KL(π‖π_ref) (a bf16 sampler's ~0.06 nats on SmolLM2 at step 1, where π = π_ref), and
+    the adaptive β would chase it. The gap itself is recorded apart (``mismatch/*``)."""
     g = cfg.rollout.group_size
     rewards, mask = batch.rewards, batch.mask
     zeros, spec = torch.zeros_like(batch.ref_logp), ObjectiveSpec(cfg.kl, cfg.algo)
-    kl = objective_diagnostics(batch.sampler_logp, batch.ref_logp, mask, zeros, spec)
+    policy_logp = batch.trainer_logp if batch.trainer_logp is not None else batch.sampler_logp  # (N, T)
+    kl = objective_diagnostics(policy_logp, batch.ref_logp, mask, zeros, spec)
     _, shaping = shape_rewards(rewards, g, cfg.algo.shaping, cfg.algo.std_min, cfg.algo.std_max, return_stats=True)
     n_tok = int(mask.sum())
     record = {
