@@ -5,7 +5,7 @@ Razor", arXiv 2509.04259), written as ``runs/<run>/forgetting.json`` beside each
     python scripts/grid_forgetting.py GRID_DIR [--samples N] [--device auto|cpu|cuda] [--only NAME ...]
 
 Each run's newest valid checkpoint is loaded over its starting model (the reference), and
-``python -m klgrad.exact.estimators`` measures both KLs at the run's sampling temperature (responses cut at 64
+``python -m klgrad.eval.forgetting`` measures both KLs at the run's sampling temperature (responses cut at 64
 tokens). A run that already has ``forgetting.json`` is skipped, so the script resumes; a run whose checkpoints are
 gone (``--no-checkpoints``) is reported and skipped. ``scripts/sharpen_report.py`` tables the files it finds.
 Cost: docs/reproduction.md §12 (about 20 min a run for N = 4 on a 2-core CPU; minutes on a GPU).
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from klgrad.exact.estimators import main as forgetting_main
+from klgrad.eval.forgetting import main as forgetting_main
 from klgrad.trainer.checkpoints import latest_checkpoint
 
 

@@ -278,52 +278,6 @@ def test_forgetting_kl_against_the_tree_in_both_directions():
     assert 1.0 <= out["length_reference"] <= MAX_NEW_TOKENS
 
 
-def test_module_entry_point_writes_both_kls(tmp_path, capsys):
-    """``python -m klgrad.exact.estimators``: a model folder against itself on two prompts: 0 both ways, as JSON."""
-    import json
-
-    from klgrad.exact.estimators import main
-    from klgrad.models.sources import EMBEDDED_DIR
-
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "1+2="}\n{"prompt": "33+4="}\n', encoding="utf-8")
-    model = str(EMBEDDED_DIR / "tiny_addition")
-    argv = ["--policy", model, "--reference", model, "--prompts", str(prompts), "--samples", "2"]
-    assert main([*argv, "--max-new-tokens", "4", "--out", str(tmp_path / "f.json")]) == 0
-    saved = json.loads((tmp_path / "f.json").read_text())
-    assert saved == json.loads(capsys.readouterr().out)
-    assert (saved["reverse_kl"], saved["forward_kl"], saved["n_prompts"]) == (0.0, 0.0, 2)
-
-
-def test_module_entry_point_takes_a_run_directory(tmp_path, capsys):
-    """``--policy RUN`` loads the run's newest checkpoint over its starting model, which is the default
-    reference, at the run's sampling temperature: an unchanged policy is at 0 both ways, a perturbed one is not;
-    a model folder without ``--reference`` is refused."""
-    import json
-
-    from klgrad.config import Config
-    from klgrad.exact.estimators import main
-    from klgrad.models.sources import EMBEDDED_DIR
-    from tests.helpers.run_dirs import make_run
-
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "1+2="}\n{"prompt": "33+4="}\n', encoding="utf-8")
-    argv = ["--prompts", str(prompts), "--samples", "2", "--max-new-tokens", "4", "--device", "cpu"]
-    same, _ = make_run(tmp_path / "same", noise=0.0)
-    assert main(["--policy", str(same), *argv]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert (out["reverse_kl"], out["forward_kl"]) == (0.0, 0.0)  # the same weights: every log-ratio is 0 exactly
-    assert out["checkpoint"] == str(same / "checkpoints" / "step_000003")
-    assert out["temperature"] == Config().rollout.temperature
-    moved, _ = make_run(tmp_path / "moved", noise=0.05)
-    assert main(["--policy", str(moved), *argv]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["reverse_kl"] > 0
-    assert out["forward_kl"] > 0
-    with pytest.raises(SystemExit):
-        main(["--policy", str(EMBEDDED_DIR / "tiny_addition"), *argv])
-
-
 def test_the_reference_draw_is_made_once_for_one_reference_and_again_for_another(monkeypatch):
     """A grid's runs share a reference: the second estimate against the same reference reuses the first one's
     reference responses (the same log Z, bit for bit, and no second draw); a reference whose weights differ in one

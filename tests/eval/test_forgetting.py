@@ -1,0 +1,48 @@
+"""``python -m klgrad.eval.forgetting``: both KLs to the reference on chat prompts, for model folders and for
+klgrad run directories (their checkpoint over their starting model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from klgrad.eval.forgetting import main
+from klgrad.models.sources import EMBEDDED_DIR
+from tests.helpers.run_dirs import make_run
+
+
+def test_module_entry_point_writes_both_kls(tmp_path, capsys):
+    """``python -m klgrad.eval.forgetting``: a model folder against itself on two prompts: 0 both ways, as JSON."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+2="}\n{"prompt": "33+4="}\n', encoding="utf-8")
+    model = str(EMBEDDED_DIR / "tiny_addition")
+    argv = ["--policy", model, "--reference", model, "--prompts", str(prompts), "--samples", "2"]
+    assert main([*argv, "--max-new-tokens", "4", "--out", str(tmp_path / "f.json")]) == 0
+    saved = json.loads((tmp_path / "f.json").read_text())
+    assert saved == json.loads(capsys.readouterr().out)
+    assert (saved["reverse_kl"], saved["forward_kl"], saved["n_prompts"]) == (0.0, 0.0, 2)
+
+
+def test_module_entry_point_takes_a_run_directory(tmp_path, capsys):
+    """``--policy RUN`` loads the run's newest checkpoint over its starting model, which is the default
+    reference, at the run's sampling temperature: an unchanged policy is at 0 both ways, a perturbed one is not;
+    a model folder without ``--reference`` is refused."""
+    from klgrad.config import Config
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+2="}\n{"prompt": "33+4="}\n', encoding="utf-8")
+    argv = ["--prompts", str(prompts), "--samples", "2", "--max-new-tokens", "4", "--device", "cpu"]
+    same, _ = make_run(tmp_path / "same", noise=0.0)
+    assert main(["--policy", str(same), *argv]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["reverse_kl"], out["forward_kl"]) == (0.0, 0.0)  # the same weights: every log-ratio is 0 exactly
+    assert out["checkpoint"] == str(same / "checkpoints" / "step_000003")
+    assert out["temperature"] == Config().rollout.temperature
+    moved, _ = make_run(tmp_path / "moved", noise=0.05)
+    assert main(["--policy", str(moved), *argv]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["reverse_kl"] > 0
+    assert out["forward_kl"] > 0
+    with pytest.raises(SystemExit):
+        main(["--policy", str(EMBEDDED_DIR / "tiny_addition"), *argv])
