@@ -12,8 +12,11 @@ import torch
 from klgrad.cli import main
 from klgrad.compare.grid import (
     EQUIVALENCE_MARGIN,
+    EVAL_PANELS,
     PREDICTIONS,
+    SAMPLED_KL_PANEL,
     final_value,
+    held_out_kl_panel,
     holm_family_size,
     method_overrides,
     prediction_tests,
@@ -116,6 +119,15 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
     mtimes = {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
     run_compare(out, **kw)  # everything finished: nothing is retrained
     assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")} == mtimes
+
+
+def test_the_held_out_kl_panel_is_exact_when_logged_else_the_sampled_k1():
+    """A real model's runs log no exact KL (its vocabulary is not enumerable): the figure's held-out KL panel
+    shows their sampled k1 instead of an empty panel; one logged exact value anywhere keeps the exact panel."""
+    real = [{"step": 0, "eval/kl_k1": 0.0}, {"step": 20, "eval/kl_k1": 0.3, "eval/exact_kl": None}]
+    assert held_out_kl_panel(real) == SAMPLED_KL_PANEL
+    assert held_out_kl_panel([*real, {"step": 40, "eval/exact_kl": 0.2}]) == EVAL_PANELS[1]
+    assert held_out_kl_panel(iter(real)) == SAMPLED_KL_PANEL  # any iterable of records, read once
 
 
 def test_runs_of_one_seed_share_prompts_and_uniforms_whatever_the_method():

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -1115,6 +1115,17 @@ EVAL_PANELS = (
 """Panels of the held-out evaluations (every ``train.eval_every`` steps), drawn as points joined by lines."""
 
 
+SAMPLED_KL_PANEL = ("eval/kl_k1", "held-out KL(π‖π_ref) (sampled k1)")
+"""The held-out KL panel of runs that logged no exact KL (a real model's vocabulary is not enumerable)."""
+
+
+def held_out_kl_panel(records: Iterable[dict]) -> tuple[str, str]:
+    """The held-out KL(π‖π_ref) panel: the exact KL when any of ``records`` logged it, else the evaluation's
+    sampled k1 (:data:`SAMPLED_KL_PANEL`)."""
+    exact = EVAL_PANELS[1]
+    return exact if any(r.get(exact[0]) is not None for r in records) else SAMPLED_KL_PANEL
+
+
 def _run_records(out_dir: Path, method: str, beta: float, seeds: list[int]) -> list[list[dict]]:
     return [read_jsonl(out_dir / "runs" / run_name(method, beta, s) / "metrics.jsonl") for s in seeds]
 
@@ -1136,13 +1147,16 @@ def plot_grid(out_dir: Path, grid, methods, betas, scaled: bool = False) -> None
         )
 
     b = betas[0]
+    records = {m: _run_records(out_dir, m, b, [s for mm, bb, s in grid if mm == m and bb == b]) for m in methods}
+    kl_panel = held_out_kl_panel(r for rs in records.values() for run in rs for r in run)
+    eval_panels = (eval_panels[0], kl_panel, eval_panels[2])
     fig, axes = plt.subplots(4, 3, figsize=(14, 13))
     drawn: set[int] = set()  # panels that got data
     for m in methods:
         seeds = [s for mm, bb, s in grid if mm == m and bb == b]
         if not seeds:
             continue
-        runs = _run_records(out_dir, m, b, seeds)
+        runs = records[m]
         series = [[r for r in rs if "reward/mean" in r] for rs in runs]
         n = min(len(s) for s in series)
         steps = [r["step"] for r in series[0][:n]]
