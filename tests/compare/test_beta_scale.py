@@ -20,7 +20,7 @@ from klgrad.compare.design import GridMismatchError
 from klgrad.compare.grid import method_overrides, run_compare, summary_markdown
 from klgrad.compare.merge import merge_grids
 from klgrad.trainer import read_jsonl
-from tests.helpers.tiny_runs import small
+from tests.helpers.tiny_runs import SMALL_GRID, small
 
 L = 6.5
 
@@ -114,16 +114,7 @@ def test_the_summary_table_states_each_methods_effective_beta():
     assert "β'" not in summary_markdown(unscaled)  # a grid without --beta-scale: its table as before
 
 
-SMALL = {
-    "data.n_eval": 8,
-    "data.n_train": 200,
-    "rollout.prompts_per_step": 4,
-    "rollout.group_size": 4,
-    "algo.micro_batch_size": 16,
-    "algo.shaping": "rloo",
-    "train.eval_objective_prompts": 3,
-    "train.threads": 1,
-}
+SMALL = {**SMALL_GRID, "algo.shaping": "rloo", "train.threads": 1}
 KW = dict(exact_prompts=3, estimate_samples=4, progress=False, level="sequence", extra_overrides=SMALL)
 
 

@@ -29,16 +29,10 @@ from klgrad.compare.grid import (
 from klgrad.compare.grid import main as grid_main
 from klgrad.compare.stats import OPPOSITE, SUPPORTED, UNRESOLVED, decide
 from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
+from tests.helpers.tiny_runs import SMALL_GRID
 from tests.helpers.tolerances import llama_depth, network_tol
 
-SMALL = {
-    "data.n_eval": 8,
-    "data.n_train": 200,
-    "rollout.prompts_per_step": 4,
-    "rollout.group_size": 4,
-    "algo.micro_batch_size": 16,
-    "train.eval_objective_prompts": 3,
-}
+SMALL = dict(SMALL_GRID)
 
 
 @pytest.mark.slow

@@ -17,17 +17,9 @@ from klgrad.compare.grid import run_compare
 from klgrad.compare.merge import merge_grids
 from klgrad.compare.provenance import Revision, source_revision
 from klgrad.trainer import latest_checkpoint, read_jsonl, train
-from tests.helpers.tiny_runs import small
+from tests.helpers.tiny_runs import SMALL_GRID, small
 
-SMALL = {
-    "data.n_eval": 8,
-    "data.n_train": 200,
-    "rollout.prompts_per_step": 4,
-    "rollout.group_size": 4,
-    "algo.micro_batch_size": 16,
-    "train.eval_objective_prompts": 3,
-    "train.threads": 1,  # one thread count whatever the load: reruns compared bit for bit
-}
+SMALL = {**SMALL_GRID, "train.threads": 1}  # one thread count whatever the load: reruns compared bit for bit
 KW = dict(exact_prompts=3, estimate_samples=4, progress=False, level="sequence", extra_overrides=SMALL)
 
 

@@ -25,3 +25,14 @@ def small(tmp_path: Path, **over) -> Config:
         # change their thread count with the machine's load
     }
     return load_config("configs/tiny_add.yaml", {**base, **over})
+
+
+SMALL_GRID = {
+    "data.n_eval": 8,
+    "data.n_train": 200,
+    "rollout.prompts_per_step": 4,
+    "rollout.group_size": 4,
+    "algo.micro_batch_size": 16,
+    "train.eval_objective_prompts": 3,
+}
+"""A ``klgrad compare`` grid's overrides of ``configs/tiny_add.yaml`` made small (its ``extra_overrides``)."""
