@@ -301,3 +301,31 @@ def test_the_reference_draw_is_made_once_for_one_reference_and_again_for_another
         p.view(-1)[0] = torch.nextafter(p.view(-1)[0], torch.tensor(float("inf")))
     estimators.estimate_kl_to_optimum(policy, ref, tok, examples[:2], specs, **kw)
     assert len(draws) == 2
+
+
+def test_forgetting_reuses_the_reference_draw_and_gives_the_same_numbers(monkeypatch):
+    """A grid's runs share a reference: :func:`forgetting_kl` against the same reference twice draws the reference's
+    responses once, and the second forward KL equals what a fresh draw gives, bit for bit (the same seed draws the
+    same responses; only the teacher-forced scoring is repeated); a reference one float32 ulp away draws afresh."""
+    from klgrad.exact import estimators
+
+    policy, ref, tok, examples = tiny_addition_pair()
+    prompts = [e.prompt for e in examples[:3]]
+    calls = []
+    real = estimators.sample_stepwise
+
+    def counting(sampler_model, *a, draws=None, **k):
+        calls.append((sampler_model is ref, draws is not None))
+        return real(sampler_model, *a, draws=draws, **k)
+
+    monkeypatch.setattr(estimators, "sample_stepwise", counting)
+    monkeypatch.setattr(estimators, "_REF_DRAWS", {})
+    fresh = forgetting_kl(policy, ref, tok, prompts, 4, MAX_NEW_TOKENS, TEMPERATURE)
+    reused = forgetting_kl(policy, ref, tok, prompts, 4, MAX_NEW_TOKENS, TEMPERATURE)
+    assert calls == [(False, False), (True, False), (False, False), (True, True)]
+    assert reused == fresh
+    with torch.no_grad():
+        p = next(ref.parameters())
+        p.view(-1)[0] = torch.nextafter(p.view(-1)[0], torch.tensor(float("inf")))
+    forgetting_kl(policy, ref, tok, prompts, 4, MAX_NEW_TOKENS, TEMPERATURE)
+    assert calls[-1] == (True, False)

@@ -218,6 +218,7 @@ def sample_stepwise(
     pad_id: int,
     generator: torch.Generator,
     prompts_per_call: int = 8,
+    draws: Sequence | None = None,
 ):
     r"""Draw ``samples`` responses per prompt from ``sampler_model`` (full distribution at ``temperature``) and
     take S(y) = Σ_t KL(sampler(·|prefix) ‖ other(·|prefix)) along each: an unbiased estimate of
@@ -225,24 +226,28 @@ def sample_stepwise(
 
     ``prompt_ids``/``prompt_mask`` (P, L) left-padded prompts. Returns ``(S (P·samples,) float64, rollouts)``,
     each prompt's samples contiguous; ``rollouts`` the sampler's :class:`~klgrad.rollout.batch.Rollout` of each
-    chunk of ``prompts_per_call`` prompts, in order.
+    chunk of ``prompts_per_call`` prompts, in order. ``draws``: the ``rollouts`` of an earlier call with the same
+    sampler, prompts and settings, scored again instead of drawn (``generator`` is then not used).
     """
     from klgrad.rollout.samplers import make_sampler
 
     sampler = make_sampler("klgrad", eos_id, pad_id)
     device = next(sampler_model.parameters()).device
     out, rollouts = [], []
-    for lo in range(0, prompt_ids.shape[0], prompts_per_call):
+    for i, lo in enumerate(range(0, prompt_ids.shape[0], prompts_per_call)):
         ids, mask = prompt_ids[lo : lo + prompts_per_call], prompt_mask[lo : lo + prompts_per_call]
-        roll = sampler.generate(
-            sampler_model,
-            ids.to(device),
-            mask.to(device),
-            group_size=samples,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generator=generator,
-        )
+        if draws is not None:
+            roll = draws[i]
+        else:
+            roll = sampler.generate(
+                sampler_model,
+                ids.to(device),
+                mask.to(device),
+                group_size=samples,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                generator=generator,
+            )
         out.append(
             stepwise_kl(
                 sampler_model,
@@ -302,9 +307,12 @@ def forgetting_kl(
     rev, rev_rolls = sample_stepwise(
         policy, ref, ids, mask, generator=torch.Generator().manual_seed(seed), **common
     )  # (P·samples,)
+    key = (weights_fingerprint(ref), ids.cpu().numpy().tobytes(), seed + 1, tuple(sorted(common.items())))
     fwd, fwd_rolls = sample_stepwise(
-        ref, policy, ids, mask, generator=torch.Generator().manual_seed(seed + 1), **common
+        ref, policy, ids, mask, generator=torch.Generator().manual_seed(seed + 1), draws=_REF_DRAWS.get(key), **common
     )  # (P·samples,)
+    _REF_DRAWS.clear()  # one reference, prompts and seed give the same draws: a grid's runs share them
+    _REF_DRAWS[key] = fwd_rolls
     prompt_of = torch.arange(len(prompts)).repeat_interleave(samples)  # (P·samples,)
     rev_mean, rev_se = clustered_mean_se(rev, prompt_of)
     fwd_mean, fwd_se = clustered_mean_se(fwd, prompt_of)
@@ -405,6 +413,11 @@ _REF_TEXTS: dict[tuple, list[str]] = {}
 """The last reference draw of :func:`estimate_kl_to_optimum`, keyed by the reference's weights, the prompts, the
 count, the seed and the sampling settings: a grid's runs share one reference, and re-drawing 256 responses per
 prompt for each run would cost more than the run's other final metrics together."""
+
+
+_REF_DRAWS: dict[tuple, list] = {}
+"""The last reference draw of :func:`forgetting_kl` (its forward direction), keyed as :data:`_REF_TEXTS`: a grid's
+runs are measured against one reference, so only the policy's side is drawn again for each."""
 
 
 @torch.no_grad()
