@@ -25,7 +25,7 @@ policy and its per-problem completions) and writes into ``--out`` (default: GRID
   klgrad.exact.estimators);
 - ``downstream.md`` / ``downstream.json``: per method, mean ± 95% t interval over seeds of greedy accuracy,
   pass@1 and pass@8 on the held-out prompts and on the harder variant, and each paired difference between two
-  methods (per-seed differences, t interval and sign-flip p);
+  methods (per-seed differences, t interval, paired t-test p and exact sign-flip p);
 - ``forgetting.md`` / ``forgetting.json`` (when ``scripts/grid_forgetting.py`` has measured runs): the same for
   KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts.
 """
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from klgrad.compare.stats import mean_ci
+from klgrad.compare.stats import mean_ci, paired_t_p, sign_flip_p
 from klgrad.plotting import pyplot, save
 
 PREDICTED = {"k2_as_loss": "kl_reverse", "k1_in_reward": "kl_reverse", "k3_as_loss": "kl_forward"}
@@ -91,7 +91,8 @@ def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
     f = run["final"]
     kls = f["stepwise_kl_per_prompt"]
     prompts = regime["prompts"][: len(kls)]
-    correct = list(per_problem_rewards(run["dir"], "heldout").values())[: len(kls)]
+    by_id = per_problem_rewards(run["dir"], "heldout")
+    correct = [by_id[e["id"]] for e in prompts]  # the same held-out prompts, matched by example id
     k = regime["samples_per_prompt"]
     terms, var_p, var_z = [], 0.0, 0.0
     for kl, entry, c in zip(kls, prompts, correct, strict=True):
@@ -107,16 +108,14 @@ def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
 
 
 def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
-    """Per-seed differences a − b over the seeds both have: mean, 95% t interval, exact sign-flip p."""
+    """Per-seed differences a − b over the seeds both have: mean, 95% t interval, the paired t-test's p and the
+    exact sign-flip p (two-sided, :mod:`klgrad.compare.stats`)."""
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:
         return None
-    d = np.array([a[s] - b[s] for s in seeds])
-    m, lo, hi = ci(list(d))
-    signs = np.array(np.meshgrid(*[[-1, 1]] * len(d))).reshape(len(d), -1).T
-    flips = np.abs((signs * np.abs(d)).mean(1))
-    p = float((flips >= abs(d.mean()) - 1e-12).mean())
-    return {"n": len(seeds), "mean": m, "ci": [lo, hi], "sign_flip_p": p}
+    d = [a[s] - b[s] for s in seeds]
+    m, lo, hi = ci(d)
+    return {"n": len(seeds), "mean": m, "ci": [lo, hi], "sign_flip_p": sign_flip_p(d), "t_p": paired_t_p(d)}
 
 
 def prediction(rs: list[dict], regime: dict, out: Path) -> dict:
@@ -182,11 +181,19 @@ def paired_tables(by: dict[str, dict[str, dict[int, float]]], cols: list[str]) -
     lines = ["| method | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for m in methods:
         lines.append(f"| {m} | {table[m][cols[0]]['seeds']} | " + " | ".join(cell(table[m][c]) for c in cols) + " |")
-    lines += ["", "Paired differences (per-seed, mean [95% t interval], exact sign-flip p):", ""]
+    lines += [
+        "",
+        "Paired differences (per-seed, mean [95% t interval], paired t-test p and exact sign-flip p, "
+        "two-sided, unadjusted):",
+        "",
+    ]
     lines += ["| difference | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, by_col in pairs.items():
         cells = [
-            "–" if t is None else f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] p={t['sign_flip_p']:.3f}"
+            "–"
+            if t is None
+            else f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] "
+            f"t p={t['t_p']:.3f}, sign-flip p={t['sign_flip_p']:.3f}"
             for t in (by_col[c] for c in cols)
         ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")

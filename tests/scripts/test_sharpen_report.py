@@ -1,0 +1,73 @@
+"""scripts/sharpen_report.py on a hand-made grid of two runs: KL(π‖π*) per run against its formula computed by hand,
+the downstream correctness matched to the regime's prompts by example id (not by file order), and paired
+differences from klgrad's own tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+from klgrad.compare.stats import paired_t_p, sign_flip_p
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("sharpen_report", ROOT / "scripts" / "sharpen_report.py")
+report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(report)
+
+BETA = 0.5
+REGIME = {  # two held-out prompts, K = 4 reference samples each: success rates 1/4 and 0
+    "beta": BETA,
+    "samples_per_prompt": 4,
+    "prompts": [
+        {"id": "a", "masses": [[0.0, 0.75], [1.0, 0.25]], "success_rate": 0.25, "kl_reverse": 0.4, "kl_forward": 0.3},
+        {"id": "b", "masses": [[0.0, 1.0]], "success_rate": 0.0, "kl_reverse": 0.0, "kl_forward": 0.0},
+    ],
+}
+
+
+def make_run(grid: Path, method: str, seed: int, kls: list[float], correct: dict[str, list[bool]]) -> None:
+    """A finished run as the grid writes it: final.json and the downstream hook's per-problem completions,
+    written in the order b, a (the reverse of the regime's)."""
+    d = grid / "runs" / f"{method}-beta{BETA}-seed{seed}"
+    comp = d / "downstream" / "eval" / "completions" / "policy"
+    comp.mkdir(parents=True)
+    rows = [{"id": i, "correct": correct[i]} for i in ("b", "a")]
+    (comp / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bench = {"greedy_accuracy": 0.5, "pass@1": 0.5, "pass@k": 1.0}
+    final = {
+        "stepwise_kl_per_prompt": kls,
+        "stepwise_kl": sum(kls) / len(kls),
+        "stepwise_kl_se": 0.01,
+        "downstream": {"eval": {"benchmarks": {"heldout": bench, "harder": bench}}},
+    }
+    (d / "final.json").write_text(json.dumps(final))
+
+
+def test_kl_to_optimum_by_hand_and_matched_by_id(tmp_path):
+    correct = {"a": [True, True, False, False], "b": [False, False, False, False]}
+    make_run(tmp_path, "k2_as_loss", 0, [0.5, 0.1], correct)
+    run = report.runs(tmp_path)[0]
+    got = report.kl_to_optimum(run, REGIME, BETA)
+    # prompt a: KL 0.5, p = 1/2, Z = 0.75 + 0.25·e^2; prompt b: KL 0.1, p = 0, Z = 1
+    z_a = 0.75 + 0.25 * math.exp(2.0)
+    want = ((0.5 - 0.5 / BETA + math.log(z_a)) + (0.1 - 0.0 + 0.0)) / 2
+    assert math.isclose(got["kl_to_optimum"], want, rel_tol=1e-12)  # a few float64 roundings
+    var_w_a = 0.75 * 1 + 0.25 * math.exp(4.0) - z_a**2  # Var(e^{R/β}) under prompt a's masses
+    var_p = 0.5 * 0.5 / 4 / BETA**2  # prompt a's success rate over its 4 samples; b's is 0
+    se = math.sqrt(0.01**2 + (var_p + var_w_a / (4 * z_a**2)) / 4)
+    assert math.isclose(got["se"], se, rel_tol=1e-12)
+    assert (got["prompts"], got["prompts_never_rewarded"]) == (2, 1)
+
+
+def test_paired_differences_use_klgrads_tests(tmp_path):
+    a = {0: 0.30, 1: 0.28, 2: 0.20, 3: 0.25}
+    b = {0: 0.31, 1: 0.26, 2: 0.33, 3: 0.30}
+    got = report.paired(a, b)
+    d = [a[s] - b[s] for s in range(4)]
+    assert got["sign_flip_p"] == sign_flip_p(d)
+    assert got["t_p"] == paired_t_p(d)
+    assert got["n"] == 4
+    assert got["ci"][0] < got["mean"] < got["ci"][1]
+    assert report.paired({0: 1.0}, {0: 2.0}) is None  # one seed: no spread, no test
