@@ -1,13 +1,17 @@
 """Prediction against measurement, distance to the optimum and the downstream table of a ``klgrad compare`` grid
 on a real model (the converged SmolLM2 sharpening grid, results/smollm2_sharpen_converged/):
 
-    python scripts/sharpen_report.py GRID_DIR REGIME_JSON [--out DIR]
+    python scripts/sharpen_report.py GRID_DIR [REGIME_JSON] [--out DIR]
 
-``REGIME_JSON`` is ``klgrad regime --split heldout`` on the grid's config and β: the reference sampled K times on
-the same held-out prompts the grid's final KL is measured on (``--kl-prompts``, in the same order). Reads each
-finished run's ``final.json`` (``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval`` of the final
-policy and its per-problem completions) and writes into ``--out`` (default: GRID_DIR):
+``REGIME_JSON`` (without it, only the per-run, downstream and forgetting tables are written) is ``klgrad regime
+--split heldout`` on the grid's config and β: the reference sampled K times on the same held-out prompts the grid's
+final KL is measured on (``--kl-prompts``, in the same order; the downstream evaluation's are matched by example
+id). Reads each finished run's ``final.json`` (``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval``
+of the final policy and its per-problem completions) and writes into ``--out`` (default: GRID_DIR):
 
+- ``runs.md``: one row per finished run, as its ``final.json`` has it: the primary metric (``batch_kl_k1``, the
+  training batches' sequence k1 over the last 10 steps), the held-out stepwise KL(π‖π_ref) ± its SE, the
+  held-out forward KL(π_ref‖π) ± SE, greedy accuracy, the steps run and the machine;
 - ``prediction.png`` / ``prediction.json``: per held-out prompt, each head's measured KL(π‖π_ref) (mean over
   seeds) against ``klgrad regime``'s fixed-point KL for that head (k2_as_loss and k1_in_reward: the reverse-KL
   optimum π* ∝ π_ref·e^{R/β}; k3_as_loss: the forward-KL fixed point), with the Pearson correlation over prompts
@@ -235,20 +239,42 @@ def forgetting(rs: list[dict], out: Path) -> dict:
     return {"table": table, "paired": pairs}
 
 
+def per_run(rs: list[dict], out: Path) -> list[str]:
+    """``runs.md`` (module docstring): every finished run's final numbers, by method then seed."""
+    lines = [
+        "| method | seed | batch KL k1 (last 10 steps) | held-out KL(π‖π_ref) | held-out KL(π_ref‖π) | greedy acc. "
+        "| steps | machine |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rs, key=lambda r: (r["method"], r["seed"])):
+        f = r["final"]
+        fwd = f"{f['forward_kl']:.3f} ± {f['forward_kl_se']:.3f}" if "forward_kl" in f else "–"
+        lines.append(
+            f"| {r['method']} | {r['seed']} | {f['batch_kl_k1']:.3f} | {f['stepwise_kl']:.3f} ± "
+            f"{f['stepwise_kl_se']:.3f} | {fwd} | {f['greedy_accuracy']:.3f} | {f['steps']} "
+            f"| {f.get('final_on', '?')} |"
+        )
+    (out / "runs.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grid", type=Path)
-    ap.add_argument("regime", type=Path)
+    ap.add_argument("regime", type=Path, nargs="?", default=None)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.grid
     out.mkdir(parents=True, exist_ok=True)
-    regime = json.loads(args.regime.read_text())
-    beta = regime["beta"]
     rs = runs(args.grid)
-    pred = prediction(rs, regime, out)
-    opt = {f"{r['method']}/seed{r['seed']}": kl_to_optimum(r, regime, beta) for r in rs if "downstream" in r["final"]}
-    (out / "optimum.json").write_text(json.dumps(opt, indent=1))
+    per_run(rs, out)
+    pred, opt = {}, {}
+    if args.regime is not None:
+        regime = json.loads(args.regime.read_text())
+        pred = prediction(rs, regime, out)
+        done = [r for r in rs if "downstream" in r["final"]]
+        opt = {f"{r['method']}/seed{r['seed']}": kl_to_optimum(r, regime, regime["beta"]) for r in done}
+        (out / "optimum.json").write_text(json.dumps(opt, indent=1))
     down = downstream(rs, out)
     forgot = forgetting(rs, out)
     for m, v in pred.items():
@@ -256,9 +282,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{v['gap_ci']}, r = {v['pearson_r']:.2f} ({v['seeds']} seeds)")  # fmt: skip
     for k, v in opt.items():
         print(f"{k}: KL(π‖π*) = {v['kl_to_optimum']:.3f} ± {v['se']:.3f}")
-    extra = f", forgetting.md ({len(forgot['table'])} methods)" if forgot else ""
-    print(f"wrote {out}/prediction.png, prediction.json, optimum.json, downstream.md ({len(down['table'])} methods)"
-          f"{extra}")  # fmt: skip
+    wrote = ["runs.md", *(["prediction.png", "prediction.json", "optimum.json"] if pred else [])]
+    wrote.append(f"downstream.md ({len(down['table'])} methods)")
+    wrote += [f"forgetting.md ({len(forgot['table'])} methods)"] if forgot else []
+    print(f"wrote into {out}: " + ", ".join(wrote))
     return 0
 
 

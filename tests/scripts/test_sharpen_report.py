@@ -40,6 +40,9 @@ def make_run(grid: Path, method: str, seed: int, kls: list[float], correct: dict
         "stepwise_kl_per_prompt": kls,
         "stepwise_kl": sum(kls) / len(kls),
         "stepwise_kl_se": 0.01,
+        "batch_kl_k1": 0.25 + seed / 100,
+        "greedy_accuracy": 0.5,
+        "steps": 60,
         "downstream": {"eval": {"benchmarks": {"heldout": bench, "harder": bench}}},
     }
     (d / "final.json").write_text(json.dumps(final))
@@ -71,3 +74,19 @@ def test_paired_differences_use_klgrads_tests(tmp_path):
     assert got["n"] == 4
     assert got["ci"][0] < got["mean"] < got["ci"][1]
     assert report.paired({0: 1.0}, {0: 2.0}) is None  # one seed: no spread, no test
+
+
+def test_without_a_regime_the_per_run_and_downstream_tables_are_written(tmp_path):
+    """No regime.json: runs.md (one row per run, in method then seed order) and downstream.md, and no prediction."""
+    correct = {"a": [True, False], "b": [False, False]}
+    for method, seed in (("k3_as_loss", 1), ("k2_as_loss", 1), ("k2_as_loss", 0)):
+        make_run(tmp_path / "grid", method, seed, [0.2, 0.3], correct)
+    assert report.main([str(tmp_path / "grid"), "--out", str(tmp_path / "out")]) == 0
+    rows = (tmp_path / "out" / "runs.md").read_text().splitlines()[2:]
+    assert [r.split(" | ")[:3] for r in rows] == [
+        ["| k2_as_loss", "0", "0.250"],
+        ["| k2_as_loss", "1", "0.260"],
+        ["| k3_as_loss", "1", "0.260"],
+    ]
+    assert (tmp_path / "out" / "downstream.md").is_file()
+    assert not (tmp_path / "out" / "prediction.png").exists()
