@@ -7,8 +7,9 @@ Razor", arXiv 2509.04259), written as ``runs/<run>/forgetting.json`` beside each
 Each run's newest valid checkpoint is loaded over its starting model (the reference), and
 ``python -m klgrad.eval.forgetting`` measures both KLs at the run's sampling temperature (responses cut at 64
 tokens). The runs share one reference and one seed, so the reference's responses (the forward KL's samples) are
-drawn once and only scored against each policy (klgrad.exact.estimators.forgetting_kl). A run that already has ``forgetting.json`` is skipped, so the script resumes; a run whose checkpoints are
-gone (``--no-checkpoints``) is reported and skipped. ``scripts/sharpen_report.py`` tables the files it finds.
+drawn once and only scored against each policy (klgrad.exact.estimators.forgetting_kl). A run that already has
+``forgetting.json`` is skipped, so the script resumes; a run whose checkpoints are gone (``--no-checkpoints``) is
+reported and skipped. ``scripts/sharpen_report.py`` tables the files it finds.
 Cost: docs/reproduction.md §12 (about 20 min a run for N = 4 on a 2-core CPU; minutes on a GPU).
 """
 
