@@ -307,7 +307,8 @@ def forgetting_kl(
     rev, rev_rolls = sample_stepwise(
         policy, ref, ids, mask, generator=torch.Generator().manual_seed(seed), **common
     )  # (P·samples,)
-    key = (weights_fingerprint(ref), ids.cpu().numpy().tobytes(), seed + 1, tuple(sorted(common.items())))
+    device = str(next(ref.parameters()).device)  # the draws' tensors live there
+    key = (weights_fingerprint(ref), device, ids.cpu().numpy().tobytes(), seed + 1, tuple(sorted(common.items())))
     fwd, fwd_rolls = sample_stepwise(
         ref, policy, ids, mask, generator=torch.Generator().manual_seed(seed + 1), draws=_REF_DRAWS.get(key), **common
     )  # (P·samples,)
