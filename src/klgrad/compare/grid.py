@@ -1153,10 +1153,9 @@ def plot_grid(out_dir: Path, grid, methods, betas, scaled: bool = False) -> None
     fig, axes = plt.subplots(4, 3, figsize=(14, 13))
     drawn: set[int] = set()  # panels that got data
     for m in methods:
-        seeds = [s for mm, bb, s in grid if mm == m and bb == b]
-        if not seeds:
-            continue
         runs = records[m]
+        if not runs:
+            continue
         series = [[r for r in rs if "reward/mean" in r] for rs in runs]
         n = min(len(s) for s in series)
         steps = [r["step"] for r in series[0][:n]]
