@@ -23,12 +23,14 @@
 # completes together and a stopped grid is resumed by running the script again (finished runs are skipped,
 # interrupted ones resume). Sequential seeds share OUT (L̄ is measured by the first invocation and reused);
 # PARALLEL=N runs N seeds at once (a CUDA machine), each into OUT/seedS with L̄ measured once beforehand and given
-# (--beta-scale length=L), then merges them into OUT (klgrad compare --merge).
+# (--beta-scale length=L), then merges them into OUT (klgrad compare --merge). With SPLIT=methods each (seed,
+# method) is its own process instead (--only-methods, into OUT/seedS-mI), queued seed by seed, so N processes keep a
+# machine busy with fewer seeds and a stopped queue leaves whole seeds behind it.
 #
 # Environment (defaults in brackets): REV [required; "none" runs this tree unpinned, for dry runs], OUT [required],
 # CONFIG [configs/smollm2_sharpen.yaml], STEPS [40], SEEDS [8], RUN_SEEDS [0..SEEDS-1], BETAS [0.5; a second beta,
 # e.g. 0.5,0.1, doubles the cost and adds a frontier], LR [3e-6], KL_PROMPTS [22], KL_SAMPLES [16],
-# PARALLEL [1], PYTHON [python3], EXTRA [more klgrad compare flags, word-split].
+# PARALLEL [1], SPLIT [seeds; or methods], PYTHON [python3], EXTRA [more klgrad compare flags, word-split].
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -43,6 +45,7 @@ LR=${LR:-3e-6}
 KL_PROMPTS=${KL_PROMPTS:-22}
 KL_SAMPLES=${KL_SAMPLES:-16}
 PARALLEL=${PARALLEL:-1}
+SPLIT=${SPLIT:-seeds}
 PYTHON=${PYTHON:-python3}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 
@@ -53,11 +56,11 @@ SHARED=(--algo.shaping rloo --optim.lr "$LR" --optim.schedule cosine --optim.gra
 PIN=()
 [ "$REV" = none ] || PIN=(--pin "$REV")
 
-compare() {  # compare OUT_DIR SEED BETA_SCALE
+compare() {  # compare OUT_DIR SEED BETA_SCALE [more flags]
   "$PYTHON" -m klgrad compare "${PIN[@]}" --config "$CONFIG" --out "$1" --seeds "$SEEDS" --only-seeds "$2" \
     --steps "$STEPS" --betas "$BETAS" --level sequence --methods "$METHODS" --beta-scale "$3" \
     --primary "$PRIMARY" --converge-gap 0.08 --kl-prompts "$KL_PROMPTS" --kl-samples "$KL_SAMPLES" \
-    --no-checkpoints "${SHARED[@]}" "${EXTRA_ARGS[@]}"
+    --no-checkpoints "${SHARED[@]}" "${EXTRA_ARGS[@]}" "${@:4}"
 }
 
 mkdir -p "$OUT"
@@ -73,14 +76,24 @@ fi
 LBAR=$(PYTHONPATH=${PYTHONPATH:-src} "$PYTHON" -m klgrad.compare.beta_scale --config "$CONFIG" "${SHARED[@]}")
 echo "L̄ = $LBAR tokens (the reference's mean response length)"
 pids=()
+dirs=()
+IFS=, read -r -a METHOD_LIST <<< "$METHODS"
 for s in $RUN_SEEDS; do
-  compare "$OUT/seed$s" "$s" "length=$LBAR" > "$OUT/seed$s.log" 2>&1 &
-  pids+=($!)
-  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 5; done
+  if [ "$SPLIT" = methods ]; then
+    for i in "${!METHOD_LIST[@]}"; do
+      compare "$OUT/seed$s-m$i" "$s" "length=$LBAR" --only-methods "${METHOD_LIST[$i]}" > "$OUT/seed$s-m$i.log" 2>&1 &
+      pids+=($!)
+      dirs+=("$OUT/seed$s-m$i")
+      while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 2; done
+    done
+  else
+    compare "$OUT/seed$s" "$s" "length=$LBAR" > "$OUT/seed$s.log" 2>&1 &
+    pids+=($!)
+    dirs+=("$OUT/seed$s")
+    while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 5; done
+  fi
 done
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-dirs=()
-for s in $RUN_SEEDS; do dirs+=("$OUT/seed$s"); done
 "$PYTHON" -m klgrad compare --merge "${dirs[@]}" --out "$OUT"
 exit $status

@@ -287,6 +287,13 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         "then --merge)",
     )
     g.add_argument(
+        "--only-methods",
+        default=None,
+        metavar="LIST",
+        help="train only these of --methods (comma-separated; the design stays all of --methods): one seed's "
+        "methods as separate processes, then --merge",
+    )
+    g.add_argument(
         "--merge",
         nargs="+",
         default=None,
@@ -456,6 +463,7 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
             extra_overrides=extra,
             keep_checkpoints=not args.no_checkpoints,
             only_seeds=only,
+            only_methods=None if args.only_methods is None else tuple(args.only_methods.split(",")),
             primary=args.primary,
             convergence=convergence,
             final_hooks=hooks,

@@ -136,6 +136,28 @@ def test_seeds_run_apart_merge_into_one_summary_and_another_revision_is_refused(
     assert not (tmp_path / "m2" / "summary.json").exists()
 
 
+@pytest.mark.slow
+def test_one_seeds_methods_run_apart_and_merged_are_the_runs_of_one_invocation(tmp_path):
+    kw = dict(seeds=2, steps=1, methods=("k2_as_loss", "k3_as_loss"), only_seeds=[0], **KW)
+    run_compare(tmp_path / "whole", **kw)
+    run_compare(tmp_path / "a", only_methods=["k3_as_loss"], **kw)
+    run_compare(tmp_path / "b", only_methods=["k2_as_loss"], **kw)
+    assert [p.name for p in (tmp_path / "a" / "runs").iterdir()] == ["k3_as_loss-beta0.5-seed0"]
+    recorded = json.loads((tmp_path / "a" / "grid.json").read_text())
+    assert recorded["methods"] == ["k2_as_loss", "k3_as_loss"]  # the design: every method, trained or not
+    assert recorded["sessions"][-1]["methods"] == ["k3_as_loss"]  # what this invocation trained
+    merge_grids([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    for m in ("k2_as_loss", "k3_as_loss"):  # the same run whichever process trained it (one machine)
+        apart, together = (
+            json.loads((tmp_path / d / "runs" / f"{m}-beta0.5-seed0" / "final.json").read_text())
+            for d in ("m", "whole")
+        )
+        assert numbers(apart) == numbers(together)
+    with pytest.raises(ValueError, match="only_methods"):
+        run_compare(tmp_path / "c", only_methods=["k1_as_loss"], **kw)
+    assert not (tmp_path / "c").exists()  # refused before anything is written
+
+
 def test_a_grid_refuses_to_continue_at_another_revision(tmp_path, monkeypatch, capsys):
     """No training: each run is skipped (ensure_run replaced); the record is what is checked."""
     monkeypatch.setattr(grid_module, "ensure_run", lambda cfg, steps, **kw: {})

@@ -530,6 +530,7 @@ def run_compare(
     keep_checkpoints: bool = True,
     margin: float = EQUIVALENCE_MARGIN,
     only_seeds: Sequence[int] | None = None,
+    only_methods: Sequence[str] | None = None,
     primary: str | Claim | None = None,
     convergence: ConvergenceCriterion | None = None,
     final_hooks: Mapping[str, FinalHook] | None = None,
@@ -547,7 +548,9 @@ def run_compare(
     ``primary`` hypothesis (``"A<B:METRIC"``, :mod:`klgrad.compare.claims`) and its convergence criterion
     (:mod:`klgrad.compare.convergence`) before any result. ``only_seeds`` runs that subset of ``range(seeds)``
     (seeds of one grid on several machines, merged by :func:`klgrad.compare.merge.merge_grids`); the summary
-    covers every finished run of the design in ``out_dir``.
+    covers every finished run of the design in ``out_dir``. ``only_methods`` likewise trains that subset of
+    ``methods`` (the design, its record and every config's validation stay those of all ``methods``), so one
+    seed's methods can run as separate processes on one machine and be merged.
 
     Runs checkpoint every max(1, steps // 10) steps (evaluate every max(1, steps // 3)) and keep only the newest
     checkpoint (``train.keep_checkpoints`` 1), so an interrupted run resumes mid-way; a larger ``steps`` than a
@@ -575,6 +578,9 @@ def run_compare(
     run_seeds = list(range(seeds)) if only_seeds is None else sorted(set(only_seeds))
     if not set(run_seeds) <= set(range(seeds)):
         raise ValueError(f"only_seeds {run_seeds} are not all among the grid's seeds 0..{seeds - 1}")
+    run_methods = list(methods) if only_methods is None else [m for m in methods if m in set(only_methods)]
+    if only_methods is not None and (not only_methods or not set(only_methods) <= set(methods)):
+        raise ValueError(f"only_methods {list(only_methods)} are not all among the grid's methods {list(methods)}")
     grid = [(m, b, s) for b in betas for m in methods for s in run_seeds]
     cadence = (read_grid(out_dir) or {}).get("cadence_steps", steps)  # the first session's steps
     base = {
@@ -643,7 +649,7 @@ def run_compare(
             "pinned": pinned,
             "steps": steps,
             "seeds": run_seeds,
-            "methods": list(methods),
+            "methods": run_methods,
         }
         has_runs = any((out_dir / "runs").glob("*/metrics.jsonl"))
         record = settle_design(old, new, has_runs, str(out_dir), allow_dirty)
@@ -658,7 +664,8 @@ def run_compare(
         if not (out_dir / "summary.json").exists():
             write_json(out_dir / "summary.json", registration(record))
         provenance = {"machine": machine, "revision": revision.name}
-        bar = tqdm(grid, desc="klgrad compare", disable=not progress, dynamic_ncols=True)
+        todo = [(m, b, s) for m, b, s in grid if m in run_methods]
+        bar = tqdm(todo, desc="klgrad compare", disable=not progress, dynamic_ncols=True)
         for m, b, s in bar:
             bar.set_postfix(run=f"{m} β={b:g} seed {s}")
             ensure_run(
