@@ -30,7 +30,8 @@
 # Environment (defaults in brackets): REV [required; "none" runs this tree unpinned, for dry runs], OUT [required],
 # CONFIG [configs/smollm2_sharpen.yaml], STEPS [40], SEEDS [8], RUN_SEEDS [0..SEEDS-1], BETAS [0.5; a second beta,
 # e.g. 0.5,0.1, doubles the cost and adds a frontier], LR [3e-6], KL_PROMPTS [22], KL_SAMPLES [16],
-# PARALLEL [1], SPLIT [seeds; or methods], PYTHON [python3], EXTRA [more klgrad compare flags, word-split].
+# PARALLEL [1], SPLIT [seeds; or methods], LBAR [measured; give the L̄ a grid recorded to continue it on another
+# machine: a seed's β' must be the grid's], PYTHON [python3], EXTRA [more klgrad compare flags, word-split].
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -67,13 +68,13 @@ mkdir -p "$OUT"
 if [ "$PARALLEL" -le 1 ]; then
   for s in $RUN_SEEDS; do
     echo "== seed $s: $(date -u +%FT%TZ)"
-    compare "$OUT" "$s" length
+    compare "$OUT" "$s" "length${LBAR:+=$LBAR}"
   done
   exit 0
 fi
 
 # seeds at once, each into its own folder, one L̄ given to all of them (recorded as given)
-LBAR=$(PYTHONPATH=${PYTHONPATH:-src} "$PYTHON" -m klgrad.compare.beta_scale --config "$CONFIG" "${SHARED[@]}")
+LBAR=${LBAR:-$(PYTHONPATH=${PYTHONPATH:-src} "$PYTHON" -m klgrad.compare.beta_scale --config "$CONFIG" "${SHARED[@]}")}
 echo "L̄ = $LBAR tokens (the reference's mean response length)"
 pids=()
 dirs=()
