@@ -5,8 +5,8 @@ on a real model (the converged SmolLM2 sharpening grid, results/smollm2_sharpen_
 
 ``REGIME_JSON`` (without it, only the per-run, downstream and forgetting tables are written) is ``klgrad regime
 --split heldout`` on the grid's config and β: the reference sampled K times on the same held-out prompts the grid's
-final KL is measured on (``--kl-prompts``, in the same order; the downstream evaluation's are matched by example
-id). Reads each finished run's ``final.json`` (``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval``
+final KL is measured on (``--kl-prompts``, in the same order; the downstream evaluation's are matched by prompt
+text, the regime's example ids resolved through the run's task). Reads each finished run's ``final.json`` (``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval``
 of the final policy and its per-problem completions) and writes into ``--out`` (default: GRID_DIR):
 
 - ``runs.md``: one row per finished run, as its ``final.json`` has it: the primary metric (``batch_kl_k1``, the
@@ -85,9 +85,21 @@ def runs(grid: Path) -> list[dict]:
 
 
 def per_problem_rewards(run_dir: Path, bench: str) -> dict[str, list[bool]]:
-    """The downstream evaluation's per-sample correctness on one benchmark, by problem id."""
+    """The downstream evaluation's per-sample correctness on one benchmark, by prompt text (``klgrad eval`` names
+    the problems of a file without ids by position, ``heldout-1``…, not by the task's example ids)."""
     path = run_dir / "downstream" / "eval" / "completions" / "policy" / f"{bench}.jsonl"
-    return {r["id"]: r["correct"] for r in map(json.loads, path.read_text().splitlines())}
+    return {r["prompt"]: r["correct"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def heldout_prompts(run_dir: Path) -> dict[str, str]:
+    """Example id → prompt text of the run's held-out split, the task regenerated from the run's config.yaml
+    (``klgrad regime`` records each prompt's id, not its text)."""
+    from klgrad.config import load_config
+    from klgrad.data.tasks import make_splits
+
+    d = load_config(str(run_dir / "config.yaml")).data
+    _, heldout = make_splits(d.task, d.n_train, d.n_eval, d.seed, d.digits)
+    return {e.id: e.prompt for e in heldout}
 
 
 def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
@@ -95,8 +107,15 @@ def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
     f = run["final"]
     kls = f["stepwise_kl_per_prompt"]
     prompts = regime["prompts"][: len(kls)]
-    by_id = per_problem_rewards(run["dir"], "heldout")
-    correct = [by_id[e["id"]] for e in prompts]  # the same held-out prompts, matched by example id
+    by_prompt = per_problem_rewards(run["dir"], "heldout")
+    texts = [e["prompt"] for e in prompts] if all("prompt" in e for e in prompts) else None
+    if texts is None:  # the regime names its prompts by example id: their texts from the run's task
+        ids = heldout_prompts(run["dir"])
+        missing = sorted({e["id"] for e in prompts} - ids.keys())
+        if missing:
+            raise ValueError(f"{run['dir']}: the regime's prompts {missing[:3]} are not in the run's held-out split")
+        texts = [ids[e["id"]] for e in prompts]
+    correct = [by_prompt[x] for x in texts]  # the same held-out prompts, matched by their text
     k = regime["samples_per_prompt"]
     terms, var_p, var_z = [], 0.0, 0.0
     for kl, entry, c in zip(kls, prompts, correct, strict=True):

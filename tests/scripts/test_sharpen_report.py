@@ -1,15 +1,21 @@
 """scripts/sharpen_report.py on a hand-made grid of two runs: KL(π‖π*) per run against its formula computed by hand,
-the downstream correctness matched to the regime's prompts by example id (not by file order), and paired
-differences from klgrad's own tests."""
+the downstream correctness matched to the regime's prompts by prompt text (not by file order, nor by the eval's
+positional ids), the regime's example ids resolved through the run's task, and paired differences from klgrad's own
+tests."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import math
+import shutil
 from pathlib import Path
 
+import pytest
+
 from klgrad.compare.stats import paired_t_p, sign_flip_p
+from klgrad.config import load_config
+from klgrad.data.tasks import make_splits
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("sharpen_report", ROOT / "scripts" / "sharpen_report.py")
@@ -21,19 +27,22 @@ REGIME = {  # two held-out prompts, K = 4 reference samples each: success rates 
     "beta": BETA,
     "samples_per_prompt": 4,
     "prompts": [
-        {"id": "a", "masses": [[0.0, 0.75], [1.0, 0.25]], "success_rate": 0.25, "kl_reverse": 0.4, "kl_forward": 0.3},
-        {"id": "b", "masses": [[0.0, 1.0]], "success_rate": 0.0, "kl_reverse": 0.0, "kl_forward": 0.0},
+        {"id": "a", "prompt": "Calculate a.", "masses": [[0.0, 0.75], [1.0, 0.25]], "success_rate": 0.25},
+        {"id": "b", "prompt": "Calculate b.", "masses": [[0.0, 1.0]], "success_rate": 0.0},
     ],
 }
 
 
-def make_run(grid: Path, method: str, seed: int, kls: list[float], correct: dict[str, list[bool]]) -> None:
+def make_run(
+    grid: Path, method: str, seed: int, kls: list[float], correct: dict[str, list[bool]], texts: dict | None = None
+) -> Path:
     """A finished run as the grid writes it: final.json and the downstream hook's per-problem completions,
-    written in the order b, a (the reverse of the regime's)."""
+    written in the order b, a (the reverse of the regime's) under klgrad eval's positional ids."""
+    texts = texts or {e["id"]: e["prompt"] for e in REGIME["prompts"]}
     d = grid / "runs" / f"{method}-beta{BETA}-seed{seed}"
     comp = d / "downstream" / "eval" / "completions" / "policy"
     comp.mkdir(parents=True)
-    rows = [{"id": i, "correct": correct[i]} for i in ("b", "a")]
+    rows = [{"id": f"heldout-{n}", "prompt": texts[i], "correct": correct[i]} for n, i in enumerate("ba", 1)]
     (comp / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     bench = {"greedy_accuracy": 0.5, "pass@1": 0.5, "pass@k": 1.0}
     final = {
@@ -46,9 +55,10 @@ def make_run(grid: Path, method: str, seed: int, kls: list[float], correct: dict
         "downstream": {"eval": {"benchmarks": {"heldout": bench, "harder": bench}}},
     }
     (d / "final.json").write_text(json.dumps(final))
+    return d
 
 
-def test_kl_to_optimum_by_hand_and_matched_by_id(tmp_path):
+def test_kl_to_optimum_by_hand_and_matched_by_prompt(tmp_path):
     correct = {"a": [True, True, False, False], "b": [False, False, False, False]}
     make_run(tmp_path, "k2_as_loss", 0, [0.5, 0.1], correct)
     run = report.runs(tmp_path)[0]
@@ -62,6 +72,27 @@ def test_kl_to_optimum_by_hand_and_matched_by_id(tmp_path):
     se = math.sqrt(0.01**2 + (var_p + var_w_a / (4 * z_a**2)) / 4)
     assert math.isclose(got["se"], se, rel_tol=1e-12)
     assert (got["prompts"], got["prompts_never_rewarded"]) == (2, 1)
+
+
+def test_the_regimes_example_ids_resolve_through_the_runs_task(tmp_path):
+    """A regime without prompt texts (as ``klgrad regime`` writes it) names the task's example ids; the report
+    regenerates the run's held-out split from its config.yaml to find their texts."""
+    cfg = ROOT / "configs" / "smollm2_sharpen.yaml"
+    d = load_config(str(cfg)).data
+    _, heldout = make_splits(d.task, d.n_train, d.n_eval, d.seed, d.digits)
+    first, second = heldout[:2]
+    regime = {**REGIME, "prompts": [{k: v for k, v in e.items() if k != "prompt"} for e in REGIME["prompts"]]}
+    regime["prompts"][0]["id"], regime["prompts"][1]["id"] = first.id, second.id
+    correct = {"a": [True, True, False, False], "b": [False, False, False, False]}
+    run_dir = make_run(tmp_path, "k2_as_loss", 0, [0.5, 0.1], correct, texts={"a": first.prompt, "b": second.prompt})
+    shutil.copy(cfg, run_dir / "config.yaml")
+    run = report.runs(tmp_path)[0]
+    z_a = 0.75 + 0.25 * math.exp(2.0)
+    want = ((0.5 - 0.5 / BETA + math.log(z_a)) + 0.1) / 2
+    assert math.isclose(report.kl_to_optimum(run, regime, BETA)["kl_to_optimum"], want, rel_tol=1e-12)
+    regime["prompts"][1]["id"] = "chat_addition-9+9+9"  # not a held-out example of this task
+    with pytest.raises(ValueError, match="not in the run's held-out split"):
+        report.kl_to_optimum(run, regime, BETA)
 
 
 def test_paired_differences_use_klgrads_tests(tmp_path):
