@@ -6,8 +6,9 @@ on a real model (the converged SmolLM2 sharpening grid, results/smollm2_sharpen_
 ``REGIME_JSON`` (without it, only the per-run, downstream and forgetting tables are written) is ``klgrad regime
 --split heldout`` on the grid's config and β: the reference sampled K times on the same held-out prompts the grid's
 final KL is measured on (``--kl-prompts``, in the same order; the downstream evaluation's are matched by prompt
-text, the regime's example ids resolved through the run's task). Reads each finished run's ``final.json`` (``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval``
-of the final policy and its per-problem completions) and writes into ``--out`` (default: GRID_DIR):
+text, the regime's example ids resolved through the run's task). Reads each finished run's ``final.json``
+(``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval`` of the final policy and its per-problem
+completions) and writes into ``--out`` (default: GRID_DIR):
 
 - ``runs.md``: one row per finished run, as its ``final.json`` has it: the primary metric (``batch_kl_k1``, the
   training batches' sequence k1 over the last 10 steps), the held-out stepwise KL(π‖π_ref) ± its SE, the
