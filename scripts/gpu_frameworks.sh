@@ -18,7 +18,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
 BUDGET=${BUDGET:-420}
 OUT=${OUT:?set OUT}
-WORK=${WORK:-/tmp/fwwork}
+# The grid's periodic checkpoints (policy and Adam state, ~1.6 GB each, every 4 steps of every run) took about 60% of
+# a run's training time on the H200's disk with 16 processes writing (results/gpu/2026-11-27-h200): the runs go to
+# memory (/dev/shm) when it has room for one checkpoint per process and some, else to /tmp.
+shm_free_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
+if [ "${shm_free_gb:-0}" -ge $(( 4 * ${PARALLEL:-16} )) ]; then DEFAULT_WORK=/dev/shm/fwwork; else DEFAULT_WORK=/tmp/fwwork; fi
+WORK=${WORK:-$DEFAULT_WORK}
 mkdir -p "$WORK/logs"
 export PYTHONPATH=/tmp/site:$PWD/src HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
@@ -29,7 +34,7 @@ print(p.source_revision().as_dict())"; } > "$WORK/logs/env.txt" 2>&1
 # de-quantize the GGUF once before the runs start (they would wait on its lock anyway)
 python3 -c "from klgrad.models.sources import dequantized, packaged_gguf; \
 print(dequantized(packaged_gguf('smollm2-135m-instruct')))" > "$WORK/logs/dequantize.txt" 2>&1
-echo "set-up done at $(( $(date +%s) - START )) s" >> "$WORK/logs/env.txt"
+echo "set-up done at $(( $(date +%s) - START )) s; runs in $WORK (/dev/shm free: ${shm_free_gb:-?} GB)" >> "$WORK/logs/env.txt"
 
 setsid bash -c 'bash scripts/gpu_check.sh --out "$1/gpu_check" > "$1/logs/gpu_check.txt" 2>&1; echo "exit $?" >> "$1/logs/gpu_check.txt"' _ "$WORK" &
 CHECK=$!
