@@ -18,9 +18,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
 BUDGET=${BUDGET:-420}
 OUT=${OUT:?set OUT}
-# The grid's periodic checkpoints (policy and Adam state, ~1.6 GB each, every 4 steps of every run) took about 60% of
-# a run's training time on the H200's disk with 16 processes writing (results/gpu/2026-11-27-h200): the runs go to
-# memory (/dev/shm) when it has room for one checkpoint per process and some, else to /tmp.
+# About 60% of a run's training time on the H200 was outside its timed steps (results/gpu/2026-11-27-h200): the
+# grid's periodic checkpoints (policy and Adam state, ~1.6 GB each, every 4 steps, 16 processes writing to disk) and
+# its held-out evaluations. The runs go to memory (/dev/shm) when it has room for one checkpoint per process and
+# some, else to /tmp.
 shm_free_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
 if [ "${shm_free_gb:-0}" -ge $(( 4 * ${PARALLEL:-16} )) ]; then DEFAULT_WORK=/dev/shm/fwwork; else DEFAULT_WORK=/tmp/fwwork; fi
 WORK=${WORK:-$DEFAULT_WORK}
