@@ -1,7 +1,7 @@
 """Prediction against measurement, distance to the optimum and the downstream table of a ``klgrad compare`` grid
 on a real model (the converged SmolLM2 sharpening grid, results/smollm2_sharpen_converged/):
 
-    python scripts/sharpen_report.py GRID_DIR [REGIME_JSON] [--out DIR]
+    python scripts/sharpen_report.py GRID_DIR [REGIME_JSON] [--train-regime TRAIN_REGIME_JSON] [--out DIR]
 
 ``REGIME_JSON`` (without it, only the per-run, downstream and forgetting tables are written) is ``klgrad regime
 --split heldout`` on the grid's config and β: the reference sampled K times on the same held-out prompts the grid's
@@ -17,6 +17,9 @@ completions) and writes into ``--out`` (default: GRID_DIR):
   seeds) against ``klgrad regime``'s fixed-point KL for that head (k2_as_loss and k1_in_reward: the reverse-KL
   optimum π* ∝ π_ref·e^{R/β}; k3_as_loss: the forward-KL fixed point), with the Pearson correlation over prompts
   and the mean gap measured − predicted (t interval over seeds);
+- ``primary.png`` / ``primary.json`` (with ``--train-regime``, a ``klgrad regime --split train``): the primary
+  metric (``batch_kl_k1``) of each head against its fixed point on the training prompts, and the paired
+  k3 − k2 difference against the predicted one;
 - ``optimum.json``: each run's KL(π‖π*) on the held-out prompts,
 
       KL(π‖π*) = mean_x [ KL_x(π‖π_ref) − p_x/β + log Z_x ],   Z_x = Σ_r m_x(r)·e^{r/β},
@@ -180,6 +183,51 @@ def prediction(rs: list[dict], regime: dict, out: Path) -> dict:
     return result
 
 
+def primary(rs: list[dict], regime: dict, out: Path) -> dict:
+    """``primary.png`` / ``primary.json``: the grid's primary metric (``batch_kl_k1``, the training batches'
+    sequence k1) of each head, mean and 95% t interval over seeds, against its fixed point on the training prompts
+    (a ``klgrad regime --split train``: its mean and bootstrap interval), and the paired k3 − k2 difference against
+    the predicted forward − reverse one."""
+    by = {m: {r["seed"]: r["final"]["batch_kl_k1"] for r in rs if r["method"] == m} for m in PREDICTED}
+    by = {m: v for m, v in by.items() if v}
+    result: dict = {"heads": {}, "prompts": regime["n_prompts"], "samples_per_prompt": regime["samples_per_prompt"]}
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [2, 1]})
+    for i, (m, vals) in enumerate(by.items()):
+        side = PREDICTED[m].removeprefix("kl_")  # "reverse" (π*) or "forward" (π_f)
+        pred, (plo, phi) = regime["predicted_kl"][side], regime["interval_95"][side]
+        mean, lo, hi = ci(list(vals.values()))
+        result["heads"][m] = {"predicted": pred, "predicted_ci": [plo, phi], "measured": mean, "measured_ci": [lo, hi],
+                              "seeds": len(vals)}  # fmt: skip
+        left.bar(i - 0.2, pred, 0.4, color=COLORS[m], alpha=0.35, hatch="//", yerr=[[pred - plo], [phi - pred]],
+                 capsize=4, label="predicted fixed point" if i == 0 else None)  # fmt: skip
+        left.bar(i + 0.2, mean, 0.4, color=COLORS[m], yerr=[[mean - lo], [hi - mean]], capsize=4,
+                 label="measured, mean over seeds" if i == 0 else None)  # fmt: skip
+    left.set_xticks(range(len(by)), [f"{m}\n({'π*' if PREDICTED[m] == 'kl_reverse' else 'π_f'})" for m in by])
+    left.set_ylabel("KL(π‖π_ref), training batches\n(sequence k1, last 10 steps)")
+    left.set_ylim(0, 1.35 * max(max(h["predicted_ci"][1], h["measured_ci"][1]) for h in result["heads"].values()))
+    left.legend(fontsize=8, loc="upper right")
+    if {"k3_as_loss", "k2_as_loss"} <= by.keys():
+        d = paired(by["k3_as_loss"], by["k2_as_loss"])
+        want = regime["predicted_kl"]["forward"] - regime["predicted_kl"]["reverse"]
+        wlo, whi = regime["interval_95"]["forward_minus_reverse"]
+        result["k3_minus_k2"] = {"predicted": want, "predicted_ci": [wlo, whi], "measured": d}
+        right.errorbar([0], [want], yerr=[[want - wlo], [whi - want]], fmt="s", color="#777777", capsize=5)
+        right.errorbar([1], [d["mean"]], yerr=[[d["mean"] - d["ci"][0]], [d["ci"][1] - d["mean"]]], fmt="o",
+                       color="black", capsize=5)  # fmt: skip
+        right.axhline(0, color="#999999", lw=1)
+        right.set_xticks([0, 1], ["predicted", f"measured\n({d['n']} paired seeds)"])
+        right.set_xlim(-0.6, 1.6)
+        right.set_ylabel("k3_as_loss − k2_as_loss (nats)")
+    else:
+        right.set_axis_off()
+    fig.suptitle(f"the primary metric against klgrad regime's fixed points ({regime['n_prompts']} training prompts × "
+                 f"{regime['samples_per_prompt']} reference samples)", fontsize=10)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    save(fig, out / "primary.png", 150)
+    (out / "primary.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def cell(v: dict, signed: bool = False) -> str:
     """``mean [lo, hi]`` of a table entry."""
     f = "+.3f" if signed else ".3f"
@@ -282,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("grid", type=Path)
     ap.add_argument("regime", type=Path, nargs="?", default=None)
+    ap.add_argument("--train-regime", type=Path, default=None, help="klgrad regime --split train: primary.png")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     out = args.out or args.grid
@@ -295,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         done = [r for r in rs if "downstream" in r["final"]]
         opt = {f"{r['method']}/seed{r['seed']}": kl_to_optimum(r, regime, regime["beta"]) for r in done}
         (out / "optimum.json").write_text(json.dumps(opt, indent=1))
+    prim = primary(rs, json.loads(args.train_regime.read_text()), out) if args.train_regime else {}
     down = downstream(rs, out)
     forgot = forgetting(rs, out)
     for m, v in pred.items():
@@ -303,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in opt.items():
         print(f"{k}: KL(π‖π*) = {v['kl_to_optimum']:.3f} ± {v['se']:.3f}")
     wrote = ["runs.md", *(["prediction.png", "prediction.json", "optimum.json"] if pred else [])]
+    wrote += ["primary.png", "primary.json"] if prim else []
     wrote.append(f"downstream.md ({len(down['table'])} methods)")
     wrote += [f"forgetting.md ({len(forgot['table'])} methods)"] if forgot else []
     print(f"wrote into {out}: " + ", ".join(wrote))

@@ -95,6 +95,33 @@ def test_the_regimes_example_ids_resolve_through_the_runs_task(tmp_path):
         report.kl_to_optimum(run, regime, BETA)
 
 
+def test_the_primary_metric_against_the_training_prompts_fixed_points(tmp_path):
+    correct = {"a": [True] * 4, "b": [False] * 4}
+    k3_offsets = [-0.02, 0.01, -0.05]
+    for seed, off in enumerate(k3_offsets):
+        make_run(tmp_path, "k2_as_loss", seed, [0.2, 0.2], correct)
+        d = make_run(tmp_path, "k3_as_loss", seed, [0.2, 0.2], correct)
+        final = json.loads((d / "final.json").read_text())
+        (d / "final.json").write_text(json.dumps({**final, "batch_kl_k1": final["batch_kl_k1"] + off}))
+    train = {
+        "n_prompts": 78,
+        "samples_per_prompt": 256,
+        "predicted_kl": {"reverse": 0.32, "forward": 0.23},
+        "interval_95": {"reverse": [0.31, 0.33], "forward": [0.22, 0.24], "forward_minus_reverse": [-0.1, -0.08]},
+    }
+    got = report.primary(report.runs(tmp_path), train, tmp_path)
+    k2 = [0.25 + s / 100 for s in range(3)]  # make_run's batch KL
+    assert got["heads"]["k2_as_loss"]["predicted"] == 0.32  # π* for k2, the forward-KL fixed point for k3
+    assert got["heads"]["k3_as_loss"]["predicted_ci"] == [0.22, 0.24]
+    assert math.isclose(got["heads"]["k2_as_loss"]["measured"], sum(k2) / 3, rel_tol=1e-12)
+    d = got["k3_minus_k2"]["measured"]
+    assert d == report.paired({s: k2[s] + o for s, o in enumerate(k3_offsets)}, dict(enumerate(k2)))
+    assert math.isclose(d["mean"], sum(k3_offsets) / 3, abs_tol=1e-12)  # rounding of 0.25 + s/100 ± offset
+    assert math.isclose(got["k3_minus_k2"]["predicted"], 0.23 - 0.32, rel_tol=1e-12)
+    assert (tmp_path / "primary.png").stat().st_size > 0
+    assert json.loads((tmp_path / "primary.json").read_text()) == json.loads(json.dumps(got))
+
+
 def test_paired_differences_use_klgrads_tests(tmp_path):
     a = {0: 0.30, 1: 0.28, 2: 0.20, 3: 0.25}
     b = {0: 0.31, 1: 0.26, 2: 0.33, 3: 0.30}
