@@ -332,8 +332,9 @@ HEAD_TO_HEAD_TEXT = """## Head to head on SmolLM2 (protocol)
 Does what the audit says about each framework's default KL show in training a real LM? One `klgrad compare` grid
 trains the frameworks' defaults, klgrad's exact head, no KL and two frameworks' own remedies on SmolLM2-135M-Instruct
 (`configs/smollm2_sharpen.yaml`: 1-digit addition through its chat template, ≤ 24 tokens, τ = 0.7), everything but
-the KL term equal. **The measured results are not in yet**: the grid is ready to run
-(`scripts/frameworks_grid.sh`); a dry run of the whole design on the tiny model is in
+the KL term equal. **In progress, nothing decided yet**: 2 of the 8 registered seeds have run (on one H200,
+2026-11-27; `results/smollm2_frameworks/`, its README, `headtohead.md` and `headtohead.png`), and the protocol asks
+for at least 6 before a verdict. A dry run of the whole design on the tiny model is in
 `results/frameworks_tiny_dryrun/` (it shows that every method trains and what is recorded, not how they compare on
 SmolLM2).
 
@@ -401,12 +402,16 @@ Run it from a pinned revision (the grid records it and refuses another):
 REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 bash scripts/frameworks_grid.sh
 # CUDA: 8 seeds at once, each into OUT/seedS, then merged into OUT
 REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=8 bash scripts/frameworks_grid.sh
+# CUDA, one process per (seed, method), 16 at once, queued seed by seed (scripts/gpu_frameworks.sh runs this)
+REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=16 SPLIT=methods bash scripts/frameworks_grid.sh
 ```
 
 Each seed is one `klgrad compare --pin REV --only-seeds S` with every method, so a seed's pairs complete together;
 running the script again resumes a stopped grid (finished runs are skipped, interrupted ones resume from their
 checkpoint). With `PARALLEL`, L̄ is measured once beforehand and given to every seed (`--beta-scale length=L`),
-each seed runs into `OUT/seedS` and the seeds are merged into `OUT` (`klgrad compare --merge`). `OUT/summary.md`
+each seed runs into `OUT/seedS` and the seeds are merged into `OUT` (`klgrad compare --merge`); with `SPLIT=methods`
+each (seed, method) is its own process (`--only-methods`) into `OUT/seedS-mI`. `LBAR=L` continues a grid on another
+machine at the L̄ it recorded. `OUT/summary.md`
 has the table (β' per method), the primary verdict and the secondary ones; `comparison.png` and `frontier.png` the
 curves and the reward–KL points.
 """
