@@ -13,7 +13,8 @@
 # finished runs (final.json) count, and the queue order leaves whole seeds behind it.
 # Writes OUT/grid.tgz (every process's grid folder and log, without checkpoints or figures), OUT/gpu_check.tgz and
 # OUT/logs.tgz; the folders are merged afterwards with `klgrad compare --merge` (they are merged on the machine
-# too when every process finished).
+# too when every process finished). Set-up before BUDGET starts (wheels, the GGUF: ~45 s) and the archives after it
+# (~20 s) count against the call's own limit: on 2026-11-27 a BUDGET of 535 s in a 595 s call lost logs.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
@@ -57,5 +58,6 @@ nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$WORK/logs/env.
 echo "elapsed $(( $(date +%s) - START )) s" >> "$WORK/logs/env.txt"
 for d in "$WORK"/grid/*/runs/*; do [ -f "$d/final.json" ] && echo "finished: $d"; done | tee "$WORK/logs/finished.txt"
 tar czf "$OUT/grid.tgz" -C "$WORK" --exclude=checkpoints --exclude='*.safetensors' --exclude='*.png' --exclude=tb grid
-tar czf "$OUT/gpu_check.tgz" -C "$WORK" gpu_check 2>/dev/null
+# without the check's 0.5B model and weights: a file that comes back from the machine is at most 16 MiB
+tar czf "$OUT/gpu_check.tgz" -C "$WORK" --exclude=model --exclude=checkpoints --exclude='*.safetensors' gpu_check 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$WORK" logs
