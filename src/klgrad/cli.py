@@ -806,8 +806,16 @@ def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
         f"forward KL(ref||fixed point): k1_in_reward/k2_as_loss {fkl['reverse']:.4f} "
         f"[{ci['forward_kl_reverse'][0]:.4f}, {ci['forward_kl_reverse'][1]:.4f}], k3 {fkl['forward']:.4f} "
         f"[{ci['forward_kl_forward'][0]:.4f}, {ci['forward_kl_forward'][1]:.4f}]\n"
-        f"closer to the reference: {result['closer']}\nwrote {out}/regime.json, regime.png"
+        f"closer to the reference: {result['closer']}"
     )
+    top = result.get("most_influential")
+    if top is not None:
+        print(
+            f"most influential prompt: {top['id'] or top['index']} (success rate {top['success_rate']:.3g}), "
+            f"forward - reverse {top['forward_minus_reverse']:+.4f}; the set's mean "
+            f"{top['mean_forward_minus_reverse']:+.4f}, without it {top['mean_without']:+.4f}"
+        )
+    print(f"wrote {out}/regime.json, regime.png")
     return 0
 
 

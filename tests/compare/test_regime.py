@@ -15,6 +15,7 @@ from klgrad.compare.regime import (
     binary_crossover,
     fixed_point_forward_kls,
     fixed_point_kls,
+    most_influential,
     reward_masses,
     run_regime,
     summarize_regime,
@@ -125,6 +126,34 @@ def test_summary_recomputes_from_its_masses_and_decides():
     never = summarize_regime([[0.0] * 8 for _ in range(3)], 0.5, resamples=50)
     assert never["prompts_never_rewarded"] == 3
     assert never["closer"] == "tie"  # nothing seen to move towards: both predict 0
+
+
+def test_the_most_influential_prompt_is_the_one_that_carries_the_gap():
+    """Twenty prompts at 60% (k3's fixed point closer) and one the reference gets right once in 256: that one's
+    forward-KL fixed point is far away, it alone moves the set's gap, and leaving it out gives the others' gap."""
+    sharpen = [[1.0] * 6 + [0.0] * 4 for _ in range(20)]
+    rare = [[1.0] + [0.0] * 255]
+    result = summarize_regime(sharpen + rare, 0.5, resamples=20)
+    top = most_influential(result["prompts"])
+    rev, fwd = fixed_point_kls([(0.0, 0.4), (1.0, 0.6)], 0.5)
+    assert top["index"] == 20
+    assert top["success_rate"] == 1 / 256
+    assert top["mean_without"] == pytest.approx(fwd - rev, rel=1e-12)  # the 20 equal prompts' own gap
+    gaps = [p["kl_forward"] - p["kl_reverse"] for p in result["prompts"]]
+    assert top["mean_forward_minus_reverse"] == pytest.approx(sum(gaps) / 21, rel=1e-12)
+    assert top["forward_minus_reverse"] > 1.0 > 0 > top["mean_without"]  # k3 closer without it, far on it
+    assert most_influential(result["prompts"][:1]) is None
+
+
+def test_the_committed_held_out_tie_is_carried_by_one_prompt():
+    """results/regime/smollm2_sharpen_beta0.5_heldout_k256: a tie over 22 held-out prompts; without "2 + 7" (the
+    reference right once in 256) k3's fixed points are 0.086 below π*, as on the training prompts."""
+    path = Path(__file__).resolve().parents[2] / "results" / "regime" / "smollm2_sharpen_beta0.5_heldout_k256"
+    result = json.loads((path / "regime.json").read_text())
+    top = most_influential(result["prompts"])
+    assert result["closer"] == "tie"
+    assert top["id"] == "chat_addition-2+7"
+    assert top["mean_without"] == pytest.approx(-0.0855, abs=5e-4)  # 0.2441 − 0.3296, rounded as written
 
 
 def test_refuses_bad_beta():

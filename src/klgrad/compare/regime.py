@@ -135,6 +135,31 @@ def bootstrap_intervals(
     }
 
 
+def most_influential(prompts: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The prompt whose leaving out moves the set's predicted gap most, and the gap without it.
+
+    With d_i = KL(π_f‖π_ref) − KL(π*‖π_ref) of prompt i and d̄ their mean over n prompts, leaving prompt j out gives
+    (n·d̄ − d_j)/(n − 1) = d̄ + (d̄ − d_j)/(n − 1): the prompt with the largest |d_j − d̄|. A prompt the reference
+    gets right very rarely has its forward-KL fixed point far from the reference (KL ~ log(1/p)), so one such prompt
+    can carry a set's verdict (a run that rarely sees its reward does not reach that fixed point either). Returns
+    its index (and ``id`` when the entry has one), success rate, d_j, d̄ and the mean without it; None below 2
+    prompts."""
+    n = len(prompts)
+    if n < 2:
+        return None
+    d = [p["kl_forward"] - p["kl_reverse"] for p in prompts]
+    mean = sum(d) / n
+    j = max(range(n), key=lambda i: abs(d[i] - mean))
+    return {
+        "index": j,
+        "id": prompts[j].get("id"),
+        "success_rate": prompts[j]["success_rate"],
+        "forward_minus_reverse": d[j],
+        "mean_forward_minus_reverse": mean,
+        "mean_without": (sum(d) - d[j]) / (n - 1),
+    }
+
+
 def summarize_regime(
     per_prompt_rewards: Sequence[Sequence[float]],
     beta: float,
@@ -316,6 +341,7 @@ def run_regime(
         "max_new_tokens": cfg.rollout.max_new_tokens,
     }
     result["crossover_success_rate"] = binary_crossover(beta)
+    result["most_influential"] = most_influential(result["prompts"])  # after the ids: it names the prompt
     out.mkdir(parents=True, exist_ok=True)
     (out / "regime.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     plot_regime(result, out / "regime.png", f"{cfg.data.task} ({result['config']['model']})")
