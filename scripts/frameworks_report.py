@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from klgrad.audit.frameworks_doc import HEAD_TO_HEAD
-from klgrad.compare.stats import mean_ci, paired_t_p, sign_flip_p
+from klgrad.compare.stats import mean_ci, paired_by_seed
 from klgrad.plotting import pyplot, save
 
 COLUMNS = (
@@ -50,15 +50,6 @@ def interval(values: list[float]) -> dict:
     return {"mean": m, "ci": [m - half, m + half], "n": len(values)}
 
 
-def versus(a: dict[int, float], b: dict[int, float]) -> dict | None:
-    """a − b paired by seed: mean, 95% t interval, paired t p and exact sign-flip p (None below 2 pairs)."""
-    seeds = sorted(a.keys() & b.keys())
-    if len(seeds) < 2:
-        return None
-    d = [a[s] - b[s] for s in seeds]
-    return {**interval(d), "t_p": paired_t_p(d), "sign_flip_p": sign_flip_p(d)}
-
-
 def report(grid: Path, out: Path) -> dict:
     summary = json.loads((grid / "summary.json").read_text())
     record = json.loads((grid / "grid.json").read_text())
@@ -73,7 +64,9 @@ def report(grid: Path, out: Path) -> dict:
             "effective_beta": beta_of.get(m),
             **{key: interval(list(data[m].get(key, {}).values())) for key, _ in COLUMNS},
             "seeds": sorted(data[m].get("stepwise_kl", {})),
-            "kl_vs_" + BASELINE: versus(data[m].get("stepwise_kl", {}), data.get(BASELINE, {}).get("stepwise_kl", {}))
+            "kl_vs_" + BASELINE: paired_by_seed(
+                data[m].get("stepwise_kl", {}), data.get(BASELINE, {}).get("stepwise_kl", {})
+            )
             if m != BASELINE
             else None,
         }

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from klgrad.compare.stats import mean_ci, paired_t_p, sign_flip_p
+from klgrad.compare.stats import mean_ci, paired_by_seed
 from klgrad.plotting import pyplot, save
 
 PREDICTED = {"k2_as_loss": "kl_reverse", "k1_in_reward": "kl_reverse", "k3_as_loss": "kl_forward"}
@@ -134,15 +134,8 @@ def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
     return {"kl_to_optimum": sum(terms) / n, "se": se, "prompts": n, "prompts_never_rewarded": never}
 
 
-def paired(a: dict[int, float], b: dict[int, float]) -> dict | None:
-    """Per-seed differences a − b over the seeds both have: mean, 95% t interval, the paired t-test's p and the
-    exact sign-flip p (two-sided, :mod:`klgrad.compare.stats`)."""
-    seeds = sorted(set(a) & set(b))
-    if len(seeds) < 2:
-        return None
-    d = [a[s] - b[s] for s in seeds]
-    m, lo, hi = ci(d)
-    return {"n": len(seeds), "mean": m, "ci": [lo, hi], "sign_flip_p": sign_flip_p(d), "t_p": paired_t_p(d)}
+paired = paired_by_seed
+"""Per-seed differences a − b: mean, 95% t interval, paired t p and exact sign-flip p (klgrad.compare.stats)."""
 
 
 def prediction(rs: list[dict], regime: dict, out: Path) -> dict:

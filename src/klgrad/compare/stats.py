@@ -23,7 +23,7 @@ their verdicts are ``supported`` / ``not supported`` / not resolved, each at α 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from scipy import stats as st
 
@@ -186,6 +186,17 @@ def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
         else:
             hits += abs(total) >= abs(obs) - tol
     return hits / (1 << n)
+
+
+def paired_by_seed(a: Mapping[int, float], b: Mapping[int, float]) -> dict | None:
+    """d = a − b over the seeds both have (``{seed: value}``): ``n``, ``mean``, its 95% t interval ``ci``, the
+    two-sided paired t-test's ``t_p`` and exact sign-flip ``sign_flip_p``; None below 2 pairs."""
+    seeds = sorted(a.keys() & b.keys())
+    if len(seeds) < 2:
+        return None
+    d = [a[s] - b[s] for s in seeds]
+    m, half = mean_ci(d)
+    return {"n": len(d), "mean": m, "ci": [m - half, m + half], "t_p": paired_t_p(d), "sign_flip_p": sign_flip_p(d)}
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
