@@ -15,6 +15,8 @@
 # OUT/logs.tgz; the folders are merged afterwards with `klgrad compare --merge` (they are merged on the machine
 # too when every process finished). Set-up before BUDGET starts (wheels, the GGUF: ~45 s) and the archives after it
 # (~20 s) count against the call's own limit: on 2026-11-27 a BUDGET of 535 s in a 595 s call lost logs.tgz.
+# A second call on the still-warm machine continues the queue where the first stopped it (finished runs are skipped,
+# interrupted ones resume from their last checkpoint under WORK): give the same WORK and GPU_CHECK=0 (the check ran).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
@@ -39,25 +41,28 @@ python3 -c "from klgrad.models.sources import dequantized, packaged_gguf; \
 print(dequantized(packaged_gguf('smollm2-135m-instruct')))" > "$WORK/logs/dequantize.txt" 2>&1
 echo "set-up done at $(( $(date +%s) - START )) s; runs in $WORK (/dev/shm free: ${shm_free_gb:-?} GB)" >> "$WORK/logs/env.txt"
 
-setsid bash -c 'bash scripts/gpu_check.sh --out "$1/gpu_check" > "$1/logs/gpu_check.txt" 2>&1; echo "exit $?" >> "$1/logs/gpu_check.txt"' _ "$WORK" &
-CHECK=$!
+CHECK=
+if [ "${GPU_CHECK:-1}" != 0 ]; then
+  setsid bash -c 'bash scripts/gpu_check.sh --out "$1/gpu_check" > "$1/logs/gpu_check.txt" 2>&1; echo "exit $?" >> "$1/logs/gpu_check.txt"' _ "$WORK" &
+  CHECK=$!
+fi
 setsid env REV="${REV:-none}" OUT="$WORK/grid" PARALLEL="${PARALLEL:-16}" SPLIT=methods RUN_SEEDS="${RUN_SEEDS:-0 1 2 3 4 5 6 7}" \
   bash scripts/frameworks_grid.sh > "$WORK/logs/grid.txt" 2>&1 &
 GRID=$!
 
 while :; do
   alive=0
-  for p in "$GRID" "$CHECK"; do kill -0 "$p" 2>/dev/null && alive=1; done
+  for p in $GRID $CHECK; do kill -0 "$p" 2>/dev/null && alive=1; done
   [ $alive = 0 ] && break
   [ $(( $(date +%s) - START )) -ge "$BUDGET" ] && { echo "budget reached: stopping" | tee -a "$WORK/logs/env.txt"; break; }
   sleep 5
 done
-for p in "$GRID" "$CHECK"; do kill -- "-$p" 2>/dev/null; done  # each its own session: its children too
+for p in $GRID $CHECK; do kill -- "-$p" 2>/dev/null; done  # each its own session: its children too
 sleep 2
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$WORK/logs/env.txt" 2>&1
 echo "elapsed $(( $(date +%s) - START )) s" >> "$WORK/logs/env.txt"
 for d in "$WORK"/grid/*/runs/*; do [ -f "$d/final.json" ] && echo "finished: $d"; done | tee "$WORK/logs/finished.txt"
 tar czf "$OUT/grid.tgz" -C "$WORK" --exclude=checkpoints --exclude='*.safetensors' --exclude='*.png' --exclude=tb grid
 # without the check's 0.5B model and weights: a file that comes back from the machine is at most 16 MiB
-tar czf "$OUT/gpu_check.tgz" -C "$WORK" --exclude=model --exclude=checkpoints --exclude='*.safetensors' gpu_check 2>/dev/null
+[ -d "$WORK/gpu_check" ] && tar czf "$OUT/gpu_check.tgz" -C "$WORK" --exclude=model --exclude=checkpoints --exclude='*.safetensors' gpu_check 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$WORK" logs
