@@ -22,6 +22,9 @@ Limits (docs/reliability.md, "One writer per run directory"):
   machines only when the server's lock manager is reachable; with ``-o nolock`` (and on some FUSE or SMB mounts)
   the lock is local to one machine, or the call fails with an ``OSError`` (ENOLCK, EOPNOTSUPP), which propagates.
   Two machines writing one run directory on such a mount are not protected.
+
+:func:`waiting_lock` is the other kind: a short critical section that a second process should *wait* for, then
+find done (building a shared cache folder, making a pinned worktree), not be refused.
 """
 
 from __future__ import annotations
@@ -89,3 +92,18 @@ def run_lock(directory: str | os.PathLike[str], *, lock_file: str | os.PathLike[
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
         os.close(fd)  # closing the last descriptor of the open file releases the lock
+
+
+@contextlib.contextmanager
+def waiting_lock(lock_file: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``lock_file`` for the ``with`` block, waiting for it while another process
+    holds it (creates the file and its folder). For work several processes may start at once and only one must
+    do: the waiter then checks again and finds it done. Released on exit, and by the kernel if the holder dies."""
+    path = Path(lock_file)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

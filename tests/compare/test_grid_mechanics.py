@@ -5,10 +5,12 @@ training; tests/compare/test_grid_runs.py trains tiny grids for extension, mid-r
 from __future__ import annotations
 
 import math
+import multiprocessing
 import random
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,7 @@ from klgrad.compare.provenance import (
     strip_pin_args,
 )
 from klgrad.compare.stats import decide
+from klgrad.runlock import waiting_lock
 from klgrad.stopping import parse_stop_rule, stop_point
 from klgrad.trainer.checkpoints import prune_checkpoints
 
@@ -162,6 +165,42 @@ def test_pinned_worktree_is_the_commit_and_the_command_runs_from_it(repo, tmp_pa
     with pytest.raises(ValueError, match="not a commit"):
         pin_worktree("no-such-rev", repo, tmp_path / "pins")
     assert strip_pin_args(["--pin", "a", "--x", "--pin=b"]) == ["--x"]
+
+
+def pin_or_error(repo_and_root: tuple[Path, Path]) -> str:
+    """One process's pin_worktree, its failure as text (a pool's worker must return, not raise)."""
+    try:
+        return pin_worktree("HEAD", *repo_and_root)[0]
+    except ValueError as e:
+        return f"error: {e}"
+
+
+def test_processes_pinning_at_once_all_get_the_whole_clean_worktree(repo, tmp_path):
+    # A GPU machine starts one `klgrad compare --pin` per (seed, method) at once. Unserialised, the ones that found
+    # the folder while another was still checking it out read it as dirty (2 of 16 on 2026-11-27). Many files make
+    # the checkout slow enough for that window to be hit here.
+    for i in range(400):
+        (repo / "src" / "klgrad" / f"m{i}.py").write_text(f"Y = {i}\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "many files")
+    sha = git(repo, "rev-parse", "HEAD")
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        got = pool.map(pin_or_error, [(repo, tmp_path / "pins")] * 8, chunksize=1)
+    assert got == [sha] * 8
+
+
+def test_a_pin_waits_while_another_process_holds_the_pin_lock(repo, tmp_path):
+    sha = git(repo, "rev-parse", "HEAD")
+    done: list = []
+    with waiting_lock(tmp_path / "pins" / ".pin.lock"):
+        t = threading.Thread(target=lambda: done.append(pin_worktree("HEAD", repo, tmp_path / "pins")))
+        t.start()
+        t.join(timeout=0.5)
+        assert t.is_alive()
+        assert not done
+        assert not (tmp_path / "pins" / sha).exists()
+    t.join(timeout=60)
+    assert done == [(sha, tmp_path / "pins" / sha)]
 
 
 def test_cli_pin_reexecutes_compare_from_the_pinned_worktree(repo, tmp_path, monkeypatch):

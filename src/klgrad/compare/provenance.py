@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from klgrad.runlock import waiting_lock
+
 PIN_ENV = "KLGRAD_PINNED_REVISION"
 """Set in the environment of a pinned re-execution: the commit the grid is pinned to (the child checks that the
 code it imports is that commit, clean)."""
@@ -186,7 +188,8 @@ def pin_root(environ: dict | None = None) -> Path:
 
 def pin_worktree(rev: str, repo: Path, root: Path, allow_dirty: bool = False) -> tuple[str, Path]:
     """(commit, worktree): ``rev`` of the git repository holding ``repo`` resolved to its commit, and a detached
-    worktree of it at ``root/<commit>`` (made with ``git worktree add --detach`` unless it exists). An existing
+    worktree of it at ``root/<commit>`` (made with ``git worktree add --detach`` unless it exists, under a lock on
+    ``root/.pin.lock`` that concurrent callers wait for). An existing
     one must be at that commit, and clean unless ``allow_dirty``: a pinned copy someone edited is refused
     (ValueError); allowed, the grid records its revision as ``<commit>-dirty-<hash>``."""
     try:
@@ -194,14 +197,16 @@ def pin_worktree(rev: str, repo: Path, root: Path, allow_dirty: bool = False) ->
     except (OSError, subprocess.SubprocessError) as e:
         raise ValueError(f"--pin {rev}: not a commit of the repository at {repo}") from e
     path = root / commit
-    if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        try:
-            _git(repo, "worktree", "prune")  # a pinned folder deleted by hand leaves a stale registration
-            _git(repo, "worktree", "add", "--detach", str(path), commit)
-        except subprocess.CalledProcessError as e:
-            raise ValueError(f"--pin {rev}: git worktree add {path} failed: {e.stderr.strip()}") from e
-    rev_there = source_revision(path / "src" / "klgrad")
+    # Many processes of one grid pin at once (one per seed or method on a GPU machine): one makes the worktree,
+    # the others wait and then find it whole, not half checked out (on 2026-11-27 two of 16 read it as dirty).
+    with waiting_lock(root / ".pin.lock"):
+        if not path.exists():
+            try:
+                _git(repo, "worktree", "prune")  # a pinned folder deleted by hand leaves a stale registration
+                _git(repo, "worktree", "add", "--detach", str(path), commit)
+            except subprocess.CalledProcessError as e:
+                raise ValueError(f"--pin {rev}: git worktree add {path} failed: {e.stderr.strip()}") from e
+        rev_there = source_revision(path / "src" / "klgrad")
     if rev_there.commit != commit or (rev_there.dirty and not allow_dirty):
         raise ValueError(
             f"the pinned worktree {path} is at {rev_there.name}, not the clean commit {commit}: remove it "

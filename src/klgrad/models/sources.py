@@ -26,17 +26,16 @@ several processes (``accelerate launch``, ``klgrad compare``) build it once.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import importlib.util
 import json
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from klgrad.runlock import waiting_lock
 
 if TYPE_CHECKING:
     from klgrad.config import Config
@@ -151,18 +150,6 @@ def is_complete(folder: Path, source_sha256: str) -> bool:
     return manifest.get("files") == folder_manifest(folder)
 
 
-@contextlib.contextmanager
-def _build_lock(lock_path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` held for the block (blocking: a second builder waits, then finds the folder)."""
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def dequantized(gguf: Path) -> Path:
     """The de-quantized HF folder of ``gguf`` in the cache: reused when complete, else (re)built.
 
@@ -178,7 +165,7 @@ def dequantized(gguf: Path) -> Path:
     folder = cache_root() / "gguf" / f"{gguf.stem}-{sha[:16]}"
     if is_complete(folder, sha):
         return folder
-    with _build_lock(folder.with_name(folder.name + ".lock")):
+    with waiting_lock(folder.with_name(folder.name + ".lock")):
         if is_complete(folder, sha):  # another process built it while we waited
             return folder
         _build(gguf, sha, folder)
