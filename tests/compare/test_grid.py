@@ -376,7 +376,6 @@ def test_cli_rejects_bad_grids(capsys, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.numerics
 @pytest.mark.parametrize("max_new_tokens", [8, 12])
 def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_tokens):
     """kl.reset_ref_every = 2 with 2 steps: the reference is reset to the policy after the last step, so the

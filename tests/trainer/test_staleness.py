@@ -141,7 +141,6 @@ def test_step_t_samples_what_the_policy_of_step_t_minus_k_draws_and_its_logprobs
 
 
 @pytest.mark.slow
-@pytest.mark.numerics
 def test_a_stale_run_resumes_into_the_uninterrupted_run(tmp_path):
     """staleness 2: killed after step 3 (last checkpoint at step 2, holding π_1, π_2) and resumed, the run's records
     and final weights are the uninterrupted run's, bit for bit; the checkpoint holds the stale snapshots."""
