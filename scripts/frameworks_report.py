@@ -8,8 +8,9 @@ Reads the grid's ``summary.json`` (every finished run's final numbers) and ``gri
 - ``headtohead.md`` / ``headtohead.json``: one row per method, in the protocol's order (framework defaults, klgrad's
   exact head, no KL, the frameworks' remedies), with its role, β', and mean [95% t interval] over seeds of the
   held-out KL(π‖π_ref) (stepwise, the primary metric), the held-out forward KL(π_ref‖π), the training batches'
-  reward (last 10 steps) and greedy accuracy; then each method's paired difference from ``k2_as_loss`` in KL
-  (per seed, t interval, paired t p and exact sign-flip p, unadjusted: the grid's own tests are in summary.md);
+  reward (last 10 steps) and greedy accuracy; then each method's paired difference from ``k2_as_loss`` in KL and
+  in reward (per seed, t interval, paired t p and exact sign-flip p, unadjusted: the grid's own tests are in
+  summary.md): a method that holds the policy closer at the cost of reward reads as a stronger KL, not a better one;
 - ``headtohead.png``: the same KL and reward, a dot per seed and the mean with its interval, the KL on a log axis
   (no KL ends ~7× further than any KL term).
 """
@@ -32,6 +33,8 @@ COLUMNS = (
 )
 """(final.json key, column title) of the table."""
 BASELINE = "k2_as_loss"
+PAIRED = (("stepwise_kl", "kl", "KL"), ("reward_mean", "reward", "reward"))
+"""(final.json key, row key ``<name>_vs_k2_as_loss``, column title) of the paired differences from the baseline."""
 
 
 def by_method(summary: dict) -> dict[str, dict[str, dict[int, float]]]:
@@ -64,11 +67,12 @@ def report(grid: Path, out: Path) -> dict:
             "effective_beta": beta_of.get(m),
             **{key: interval(list(data[m].get(key, {}).values())) for key, _ in COLUMNS},
             "seeds": sorted(data[m].get("stepwise_kl", {})),
-            "kl_vs_" + BASELINE: paired_by_seed(
-                data[m].get("stepwise_kl", {}), data.get(BASELINE, {}).get("stepwise_kl", {})
-            )
-            if m != BASELINE
-            else None,
+            **{
+                f"{name}_vs_{BASELINE}": paired_by_seed(data[m].get(key, {}), data.get(BASELINE, {}).get(key, {}))
+                if m != BASELINE
+                else None
+                for key, name, _ in PAIRED
+            },
         }
     n = max((len(r["seeds"]) for r in rows.values()), default=0)
     tau = record["resolved_config"]["rollout"]["temperature"]
@@ -76,20 +80,24 @@ def report(grid: Path, out: Path) -> dict:
         f"{n} seeds; mean [95% t interval] over seeds; KLs at τ = {tau} on the held-out prompts. β' is the `kl.beta` "
         "each method trained at for the same nominal strength.",
         "",
-        "| method | role | β' | " + " | ".join(t for _, t in COLUMNS) + f" | KL − {BASELINE} (paired) |",
-        "|---" * (len(COLUMNS) + 4) + "|",
+        "| method | role | β' | "
+        + " | ".join(t for _, t in COLUMNS)
+        + "".join(f" | {t} − {BASELINE} (paired) " for _, _, t in PAIRED)
+        + "|",
+        "|---" * (len(COLUMNS) + 3 + len(PAIRED)) + "|",
     ]
     for m, r in rows.items():
         cells = [f"{r[k]['mean']:.3f} [{r[k]['ci'][0]:.3f}, {r[k]['ci'][1]:.3f}]" for k, _ in COLUMNS]
-        v = r["kl_vs_" + BASELINE]
-        diff = (
-            "—"
-            if v is None
-            else f"{v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}], t p {v['t_p']:.3g}, "
-            f"sign-flip p {v['sign_flip_p']:.3g}"
-        )
+        for _, name, _ in PAIRED:
+            v = r[f"{name}_vs_{BASELINE}"]
+            cells.append(
+                "—"
+                if v is None
+                else f"{v['mean']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}], t p {v['t_p']:.3g}, "
+                f"sign-flip p {v['sign_flip_p']:.3g}"
+            )
         beta = "—" if r["effective_beta"] is None else f"{r['effective_beta']:.4g}"
-        lines.append(f"| `{m}` | {r['role']} | {beta} | " + " | ".join(cells) + f" | {diff} |")
+        lines.append(f"| `{m}` | {r['role']} | {beta} | " + " | ".join(cells) + " |")
     out.mkdir(parents=True, exist_ok=True)
     (out / "headtohead.md").write_text("\n".join(lines) + "\n")
     (out / "headtohead.json").write_text(json.dumps(rows, indent=1))

@@ -64,6 +64,9 @@ def test_rows_in_the_protocols_order_with_paired_differences_from_k2(tmp_path):
     assert math.isclose(v["mean"], sum(d) / 2, rel_tol=1e-12)
     assert (v["t_p"], v["sign_flip_p"]) == (paired_t_p(d), sign_flip_p(d))
     assert rows["k2_as_loss"]["kl_vs_k2_as_loss"] is None
+    r = rows["trl/grpo-k3"]["reward_vs_k2_as_loss"]  # reward 0.6 + KL/10 per seed: the KL's differences / 10
+    assert math.isclose(r["mean"], sum(d) / 20, rel_tol=1e-9)
+    assert math.isclose(r["t_p"], v["t_p"], rel_tol=1e-9)  # a scaled copy of the KL's differences: the same t
     table = (tmp_path / "out" / "headtohead.md").read_text()
     assert "| `trl/grpo-k3` | TRL < 1.10 default | 8.984 | 0.155 [" in table
     assert (tmp_path / "out" / "headtohead.png").stat().st_size > 0
