@@ -82,8 +82,8 @@ def report(grid: Path, out: Path) -> dict:
         "",
         "| method | role | β' | "
         + " | ".join(t for _, t in COLUMNS)
-        + "".join(f" | {t} − {BASELINE} (paired) " for _, _, t in PAIRED)
-        + "|",
+        + "".join(f" | {t} − {BASELINE} (paired)" for _, _, t in PAIRED)
+        + " |",
         "|---" * (len(COLUMNS) + 3 + len(PAIRED)) + "|",
     ]
     for m, r in rows.items():
@@ -124,6 +124,9 @@ def figure(rows: dict, data: dict, methods: list[str], n: int, path: Path) -> No
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].set_xscale("log")
+    ticks = [t for t in (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0) if axes[0].get_xlim()[0] <= t <= axes[0].get_xlim()[1]]
+    axes[0].set_xticks(ticks, [f"{t:g}" for t in ticks])
+    axes[0].xaxis.set_minor_formatter(plt.NullFormatter())  # the default minor labels overlap on a short decade
     labels = [f"{m}  (β' {rows[m]['effective_beta']:.3g})" if rows[m]["effective_beta"] else m for m in methods]
     axes[0].set_yticks(range(len(methods)), labels[::-1], fontsize=8)
     fig.suptitle(f"The frameworks' KLs on SmolLM2-135M at one nominal β: mean and 95% t interval of {n} seeds "
