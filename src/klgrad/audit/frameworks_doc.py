@@ -332,11 +332,9 @@ HEAD_TO_HEAD_TEXT = """## Head to head on SmolLM2 (protocol)
 Does what the audit says about each framework's default KL show in training a real LM? One `klgrad compare` grid
 trains the frameworks' defaults, klgrad's exact head, no KL and two frameworks' own remedies on SmolLM2-135M-Instruct
 (`configs/smollm2_sharpen.yaml`: 1-digit addition through its chat template, ≤ 24 tokens, τ = 0.7), everything but
-the KL term equal. **In progress, nothing decided yet**: 2 of the 8 registered seeds have run (on one H200,
-2026-11-27; `results/smollm2_frameworks/`, its README, `headtohead.md` and `headtohead.png`), and the protocol asks
-for at least 6 before a verdict. A dry run of the whole design on the tiny model is in
-`results/frameworks_tiny_dryrun/` (it shows that every method trains and what is recorded, not how they compare on
-SmolLM2).
+the KL term equal. 7 of the 8 registered seeds have run (`results/smollm2_frameworks/`: its README, `summary.md`,
+`headtohead.md` and `headtohead.png`); the result is below the protocol (“Head to head on SmolLM2: what it showed”).
+A dry run of the whole design on the tiny model is in `results/frameworks_tiny_dryrun/`.
 
 | method | role | KL enters | aggregation | β' (β = nominal) | audit, on-policy: rel. err vs ∇RKL | klgrad equivalent |
 |---|---|---|---|---|---|---|
@@ -414,6 +412,28 @@ each (seed, method) is its own process (`--only-methods`) into `OUT/seedS-mI`. `
 machine at the L̄ it recorded. `OUT/summary.md`
 has the table (β' per method), the primary verdict and the secondary ones; `comparison.png` and `frontier.png` the
 curves and the reward–KL points.
+
+## Head to head on SmolLM2: what it showed
+
+7 seeds (0–6; 0, 1 and 3–6 on an H200, 2 on a 2-core CPU), mean [95% t interval] over seeds, KLs on the 22 held-out
+prompts at τ = 0.7; paired differences are per seed (`results/smollm2_frameworks/headtohead.md`).
+
+- **The primary hypothesis is rejected the other way.** klgrad's exact head ends *further* from the reference
+  than TRL ≥ 1.10's default at the same nominal β: KL 0.225 [0.196, 0.253] against 0.177 [0.165, 0.189], paired
+  difference +0.048 [+0.016, +0.079], below in 0 of 7 seeds, sign-flip p 0.016.
+- **The grouping follows the aggregation, not the estimator.** The four methods whose KL term is a token mean at
+  β' = β·L̄ (TRL's k3 before and after 1.10, verl's `low_var_kl`, OpenRLHF's k1 reward-to-go) end at 0.173–0.192,
+  within 0.02 of each other and 0.03–0.05 below the two whose KL is a sequence sum at β (klgrad's k2, TRL's RLOO
+  k1 sum, both at 0.225), with 0.03–0.04 less training reward (0.654–0.667 against 0.691–0.694). verl's own exact
+  flags (k1 in the reward through GAE, a token mean) end with the k3 defaults (0.188); TRL's (`RLOOTrainer`, a sum)
+  end on k2 (+0.000 [−0.009, +0.009]). At one nominal β a token-mean KL acted as a stronger regulariser (less KL
+  and less reward), not a better one; which is better at matched KL needs a second β (`BETAS=0.5,0.1`). Why it acts
+  stronger is not decided: its responses shortened 2–5% below L̄, which raises a token mean's weight per sequence
+  by as much, and a per-token term's gradient has less variance than a sequence coefficient's.
+- **The k3 forms agree with each other** at 40 steps (0.173, 0.177, 0.179): the forward-vs-reverse difference of
+  their gradients does not show at this strength and length. Every KL term holds the policy 6–8× closer than no KL
+  (1.340). Greedy accuracy on the held-out prompts does not separate the KL terms: 19 of 22 for every KL run,
+  from the reference's 14 (no KL: 0.90).
 """
 
 
