@@ -428,8 +428,10 @@ prompts at τ = 0.7; paired differences are per seed (`results/smollm2_framework
   flags (k1 in the reward through GAE, a token mean) end with the k3 defaults (0.188); TRL's (`RLOOTrainer`, a sum)
   end on k2 (+0.000 [−0.009, +0.009]). At one nominal β a token-mean KL acted as a stronger regulariser (less KL
   and less reward), not a better one; which is better at matched KL needs a second β (`BETAS=0.5,0.1`). Why it acts
-  stronger is not decided: its responses shortened 2–5% below L̄, which raises a token mean's weight per sequence
-  by as much, and a per-token term's gradient has less variance than a sequence coefficient's.
+  stronger is not decided. verl's and TRL's exact flags have the same expected gradient up to L̄ over the batch's
+  mean length, and the token-mean runs' responses shortened 2–5% below L̄, raising their weight by as much; the
+  rest is in how the two estimates differ per sample (reward-to-go against the whole sequence's KL), which matters
+  at 40 steps because the runs are still moving (the registered convergence criterion is not met).
 - **The k3 forms agree with each other** at 40 steps (0.173, 0.177, 0.179): the forward-vs-reverse difference of
   their gradients does not show at this strength and length. Every KL term holds the policy 6–8× closer than no KL
   (1.340). Greedy accuracy on the held-out prompts does not separate the KL terms: 19 of 22 for every KL run,
