@@ -50,14 +50,8 @@ setsid env REV="${REV:-none}" OUT="$WORK/grid" PARALLEL="${PARALLEL:-16}" SPLIT=
   bash scripts/frameworks_grid.sh > "$WORK/logs/grid.txt" 2>&1 &
 GRID=$!
 
-while :; do
-  alive=0
-  for p in $GRID $CHECK; do kill -0 "$p" 2>/dev/null && alive=1; done
-  [ $alive = 0 ] && break
-  [ $(( $(date +%s) - START )) -ge "$BUDGET" ] && { echo "budget reached: stopping" | tee -a "$WORK/logs/env.txt"; break; }
-  sleep 5
-done
-for p in $GRID $CHECK; do kill -- "-$p" 2>/dev/null; done  # each its own session: its children too
+source scripts/lib/budget.sh
+run_within_budget "$START" "$BUDGET" "$GRID" "$CHECK" | tee -a "$WORK/logs/env.txt"
 sleep 2
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$WORK/logs/env.txt" 2>&1
 echo "elapsed $(( $(date +%s) - START )) s" >> "$WORK/logs/env.txt"

@@ -44,14 +44,8 @@ for s in $SEEDS; do
   pids+=($!)
 done
 
-while :; do
-  alive=0
-  for p in "${pids[@]}" "$CHECK"; do kill -0 "$p" 2>/dev/null && alive=1; done
-  [ $alive = 0 ] && break
-  [ $(( $(date +%s) - START )) -ge "$BUDGET" ] && { echo "budget reached: stopping"; break; }
-  sleep 5
-done
-for p in "${pids[@]}" "$CHECK"; do kill -- "-$p" 2>/dev/null; done  # each its own session: its children too
+source scripts/lib/budget.sh
+run_within_budget "$START" "$BUDGET" "${pids[@]}" "$CHECK"
 sleep 2
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$WORK/logs/env.txt" 2>&1
 echo "elapsed $(( $(date +%s) - START )) s" >> "$WORK/logs/env.txt"
