@@ -50,7 +50,7 @@ setsid env REV="${REV:-none}" OUT="$WORK/grid" PARALLEL="${PARALLEL:-16}" SPLIT=
   bash scripts/frameworks_grid.sh > "$WORK/logs/grid.txt" 2>&1 &
 GRID=$!
 
-source scripts/lib/budget.sh
+source scripts/gpu_budget.sh
 run_within_budget "$START" "$BUDGET" "$GRID" "$CHECK" | tee -a "$WORK/logs/env.txt"
 sleep 2
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$WORK/logs/env.txt" 2>&1

@@ -44,7 +44,7 @@ for s in $SEEDS; do
   pids+=($!)
 done
 
-source scripts/lib/budget.sh
+source scripts/gpu_budget.sh
 run_within_budget "$START" "$BUDGET" "${pids[@]}" "$CHECK"
 sleep 2
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv >> "$WORK/logs/env.txt" 2>&1

@@ -1,4 +1,4 @@
-"""scripts/lib/budget.sh, the budget every prepared GPU command runs its work under: it returns when the work ends,
+"""scripts/gpu_budget.sh, the budget every prepared GPU command runs its work under: it returns when the work ends,
 or stops the work's whole process groups (children included) when the budget is spent."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_bash(script: str, timeout: float = 60) -> tuple[str, float]:
     t0 = time.monotonic()
     out = subprocess.run(
-        ["bash", "-c", f"set -u; source scripts/lib/budget.sh; BUDGET_POLL_S=0.1; export BUDGET_POLL_S; {script}"],
+        ["bash", "-c", f"set -u; source scripts/gpu_budget.sh; BUDGET_POLL_S=0.1; export BUDGET_POLL_S; {script}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
