@@ -134,10 +134,6 @@ def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
     return {"kl_to_optimum": sum(terms) / n, "se": se, "prompts": n, "prompts_never_rewarded": never}
 
 
-paired = paired_by_seed
-"""Per-seed differences a − b: mean, 95% t interval, paired t p and exact sign-flip p (klgrad.compare.stats)."""
-
-
 def prediction(rs: list[dict], regime: dict, out: Path) -> dict:
     """The per-prompt scatter and its numbers (module docstring)."""
     fig, ax = pyplot().subplots(figsize=(6.2, 5.2))
@@ -200,7 +196,7 @@ def primary(rs: list[dict], regime: dict, out: Path) -> dict:
     left.set_ylim(0, 1.35 * max(max(h["predicted_ci"][1], h["measured_ci"][1]) for h in result["heads"].values()))
     left.legend(fontsize=8, loc="upper right")
     if {"k3_as_loss", "k2_as_loss"} <= by.keys():
-        d = paired(by["k3_as_loss"], by["k2_as_loss"])
+        d = paired_by_seed(by["k3_as_loss"], by["k2_as_loss"])
         want = regime["predicted_kl"]["forward"] - regime["predicted_kl"]["reverse"]
         wlo, whi = regime["interval_95"]["forward_minus_reverse"]
         result["k3_minus_k2"] = {"predicted": want, "predicted_ci": [wlo, whi], "measured": d}
@@ -239,7 +235,7 @@ def paired_tables(by: dict[str, dict[str, dict[int, float]]], cols: list[str]) -
             mean, lo, hi = ci(list(vals.values()))
             table[m][col] = {"mean": mean, "ci": [lo, hi], "seeds": len(vals), "by_seed": vals}
     pairs = {
-        f"{a} - {b}": {col: paired(table[a][col]["by_seed"], table[b][col]["by_seed"]) for col in cols}
+        f"{a} - {b}": {col: paired_by_seed(table[a][col]["by_seed"], table[b][col]["by_seed"]) for col in cols}
         for i, a in enumerate(methods)
         for b in methods[i + 1 :]
     }

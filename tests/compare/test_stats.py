@@ -17,6 +17,7 @@ from klgrad.compare.stats import (
     decide,
     holm,
     mean_ci,
+    paired_by_seed,
     paired_differences,
     paired_equivalent,
     paired_less,
@@ -237,3 +238,13 @@ def test_one_holm_family_holds_both_hypotheses_of_an_equivalence_claim():
 def test_paired_samples_must_have_one_value_per_seed():
     with pytest.raises(ValueError, match="one value per seed"):
         paired_differences([1.0, 2.0], [1.0])
+
+
+def test_paired_by_seed_pairs_the_seeds_both_have_and_uses_the_paired_tests():
+    a = {0: 0.30, 1: 0.28, 2: 0.20, 3: 0.25, 9: 5.0}  # seed 9 has no partner: left out
+    b = {0: 0.31, 1: 0.26, 2: 0.33, 3: 0.30, 7: -5.0}
+    got = paired_by_seed(a, b)
+    d = [a[s] - b[s] for s in range(4)]
+    m, half = mean_ci(d)
+    assert got == {"n": 4, "mean": m, "ci": [m - half, m + half], "t_p": paired_t_p(d), "sign_flip_p": sign_flip_p(d)}
+    assert paired_by_seed({0: 1.0}, {0: 2.0, 1: 3.0}) is None  # one pair: no spread, no test

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from klgrad.compare.stats import paired_t_p, sign_flip_p
+from klgrad.compare.stats import paired_by_seed
 from klgrad.config import load_config
 from klgrad.data.tasks import make_splits
 
@@ -115,23 +115,11 @@ def test_the_primary_metric_against_the_training_prompts_fixed_points(tmp_path):
     assert got["heads"]["k3_as_loss"]["predicted_ci"] == [0.22, 0.24]
     assert math.isclose(got["heads"]["k2_as_loss"]["measured"], sum(k2) / 3, rel_tol=1e-12)
     d = got["k3_minus_k2"]["measured"]
-    assert d == report.paired({s: k2[s] + o for s, o in enumerate(k3_offsets)}, dict(enumerate(k2)))
+    assert d == paired_by_seed({s: k2[s] + o for s, o in enumerate(k3_offsets)}, dict(enumerate(k2)))
     assert math.isclose(d["mean"], sum(k3_offsets) / 3, abs_tol=1e-12)  # rounding of 0.25 + s/100 ± offset
     assert math.isclose(got["k3_minus_k2"]["predicted"], 0.23 - 0.32, rel_tol=1e-12)
     assert (tmp_path / "primary.png").stat().st_size > 0
     assert json.loads((tmp_path / "primary.json").read_text()) == json.loads(json.dumps(got))
-
-
-def test_paired_differences_use_klgrads_tests(tmp_path):
-    a = {0: 0.30, 1: 0.28, 2: 0.20, 3: 0.25}
-    b = {0: 0.31, 1: 0.26, 2: 0.33, 3: 0.30}
-    got = report.paired(a, b)
-    d = [a[s] - b[s] for s in range(4)]
-    assert got["sign_flip_p"] == sign_flip_p(d)
-    assert got["t_p"] == paired_t_p(d)
-    assert got["n"] == 4
-    assert got["ci"][0] < got["mean"] < got["ci"][1]
-    assert report.paired({0: 1.0}, {0: 2.0}) is None  # one seed: no spread, no test
 
 
 def test_without_a_regime_the_per_run_and_downstream_tables_are_written(tmp_path):

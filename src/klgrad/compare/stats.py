@@ -194,7 +194,7 @@ def paired_by_seed(a: Mapping[int, float], b: Mapping[int, float]) -> dict | Non
     seeds = sorted(a.keys() & b.keys())
     if len(seeds) < 2:
         return None
-    d = [a[s] - b[s] for s in seeds]
+    d = paired_differences([a[s] for s in seeds], [b[s] for s in seeds])
     m, half = mean_ci(d)
     return {"n": len(d), "mean": m, "ci": [m - half, m + half], "t_p": paired_t_p(d), "sign_flip_p": sign_flip_p(d)}
 
