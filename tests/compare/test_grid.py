@@ -49,7 +49,7 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         extra_overrides=SMALL,
     )
     summary = run_compare(out, **kw)
-    for name in ("comparison.png", "frontier.png", "summary.json", "summary.md"):
+    for name in ("comparison.png", "frontier.png", "convergence.png", "summary.json", "summary.md"):
         assert (out / name).is_file(), name
     data = json.loads((out / "summary.json").read_text())
     assert len(data["runs"]) == 6

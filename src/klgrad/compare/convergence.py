@@ -115,16 +115,37 @@ def cut_before_decay(series: Series, lrs: Series) -> Series:
     return [(t, x) for t, x in series if t <= h]
 
 
+def window_deltas(series: Sequence[Series], window: float) -> list[float] | None:
+    """δ_s = b_s − a_s of condition 2, one per run (:func:`window_halves`); None when a run lacks a value in a
+    half."""
+    halves = [window_halves(s, window) for s in series]
+    if any(h is None for h in halves):
+        return None
+    return [b - a for a, b in halves]  # type: ignore[misc]
+
+
 def movement(series: Sequence[Series], crit: ConvergenceCriterion) -> tuple[float | None, float | None]:
-    """(m, se) of condition 2 over the runs' last ``window``; (None, None) when a run lacks a value in a half or
-    there are fewer than 2 runs."""
-    n = len(series)
-    halves = [window_halves(s, crit.window) for s in series]
-    if n < 2 or any(h is None for h in halves):
+    """(m, se) of condition 2 over the runs' last ``window``: m = mean_s δ_s, se = sd_s(δ_s)/√n; (None, None)
+    when a run lacks a value in a half or there are fewer than 2 runs."""
+    d = window_deltas(series, crit.window)
+    if d is None or len(d) < 2:
         return None, None
-    d = [b - a for a, b in halves]  # type: ignore[misc]
+    n = len(d)
     m = sum(d) / n
     return m, math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
+
+
+def seeds_for_resolution(se: float | None, n: int, bound: float | None) -> int | None:
+    """The number of seeds n' at which condition 3 would hold if the seeds' spread stayed what ``n`` seeds show:
+    sd = se·√n and sd/√n' ≤ bound, so n' = ⌈n·(se/bound)²⌉ (at least 2, the fewest with a standard error).
+
+    A projection for planning (how many more seeds a grid needs), not a test: the spread of the next seeds is
+    itself uncertain: with n = 8 the sample sd lies between 0.49 and 1.51 times the true one with
+    probability 0.95 (√(χ²₇/7)), and n' ∝ sd², so the seeds truly needed may be from 0.44 (1/1.51²) to 4.1 (1/0.49²)
+    times the projection. None without a standard error or a bound."""
+    if se is None or bound is None or n < 2:
+        return None
+    return max(2, math.ceil(n * (se / bound) ** 2 - 1e-9))  # − 1e-9: an exact integer stays itself
 
 
 def still_and_resolved(m: float | None, se: float | None, crit: ConvergenceCriterion) -> tuple[bool, bool]:
@@ -137,10 +158,13 @@ def still_and_resolved(m: float | None, se: float | None, crit: ConvergenceCrite
 def converged(series: Sequence[Series], lrs: Sequence[Series], crit: ConvergenceCriterion) -> dict:
     """The criterion on one method's runs (one series per seed, ``lrs`` the same runs' ``lr``).
 
-    Returns ``{"met", "moved", "se", "dense", "lr_decays", "before_decay", "n"}``: ``moved`` = m and ``se`` =
-    sd(δ)/√n of condition 2 (None when some run lacks a value in a half or there are fewer than 2 runs), and
-    ``before_decay`` = condition 5's ``{"met", "moved", "se"}`` (None when the criterion does not ask for it)."""
+    Returns ``{"met", "moved", "se", "deltas", "seeds_needed", "dense", "lr_decays", "before_decay", "n"}``:
+    ``moved`` = m and ``se`` = sd(δ)/√n of condition 2 (None when some run lacks a value in a half or there are
+    fewer than 2 runs), ``deltas`` the per-run δ_s, ``seeds_needed`` :func:`seeds_for_resolution`'s projection for
+    condition 3, and ``before_decay`` = condition 5's ``{"met", "moved", "se", "deltas", "seeds_needed"}`` (None
+    when the criterion does not ask for it)."""
     n = len(series)
+    bound = None if crit.gap is None else crit.se_fraction * crit.gap
     dense = n > 0 and all(logged_densely(s, crit.max_log_gap) for s in series)
     moved, se = movement(series, crit)
     still, resolved = still_and_resolved(moved, se, crit)
@@ -150,11 +174,19 @@ def converged(series: Sequence[Series], lrs: Sequence[Series], crit: Convergence
         cut = [cut_before_decay(s, lr) for s, lr in zip(series, lrs, strict=False)] if len(lrs) == n else []
         m5, se5 = movement(cut, crit) if cut else (None, None)
         ok = all(still_and_resolved(m5, se5, crit))
-        before = {"met": ok, "moved": m5, "se": se5}
+        before = {
+            "met": ok,
+            "moved": m5,
+            "se": se5,
+            "deltas": window_deltas(cut, crit.window) if cut else None,
+            "seeds_needed": seeds_for_resolution(se5, n, bound),
+        }
     return {
         "met": bool(dense and still and resolved and decays and (before is None or before["met"])),
         "moved": moved,
         "se": se,
+        "deltas": window_deltas(series, crit.window),
+        "seeds_needed": seeds_for_resolution(se, n, bound),
         "dense": dense,
         "lr_decays": decays,
         "before_decay": before,

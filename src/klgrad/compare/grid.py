@@ -37,6 +37,7 @@ from klgrad.choices import is_preset_id
 from klgrad.compare.beta_scale import BetaScale, beta_row, parse_beta_scale, settle_scale
 from klgrad.compare.claims import Claim, parse_claim, same_claim
 from klgrad.compare.convergence import ConvergenceCriterion, converged, metric_series
+from klgrad.compare.convergence_plot import plot_convergence
 from klgrad.compare.design import GRID_FILE, now, read_grid, settle_design, shared_config, write_json
 from klgrad.compare.provenance import Revision, check_pinned, machine_label, machine_record, source_revision
 from klgrad.compare.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
@@ -398,23 +399,28 @@ def claim_of(record: dict) -> Claim | None:
     return None if p is None else Claim(p["a"], p["b"], p["kind"], p["metric"])
 
 
-def grid_convergence(out_dir: Path, record: dict, results: list[dict]) -> dict:
-    """``summary.json``'s ``convergence``: the recorded criterion on the finished runs at the first β, for the
-    primary hypothesis' two methods (every method without one); met when all of them meet it."""
+def convergence_series(out_dir: Path, record: dict, results: list[dict]) -> dict[str, tuple[list, list]]:
+    """Method → (its finished runs' series of the criterion's metric, their ``lr`` series), at the first β, for
+    the primary hypothesis' two methods (every method without one)."""
     crit = ConvergenceCriterion(**record["convergence"])
     b = record["betas"][0]
     claim = claim_of(record)
-    methods = [claim.a, claim.b] if claim else list(record["methods"])
-    by_method = {}
-    for m in methods:
+    data = {}
+    for m in [claim.a, claim.b] if claim else list(record["methods"]):
         runs = [
             read_jsonl(out_dir / "runs" / run_name(m, b, r["seed"]) / "metrics.jsonl")
             for r in results
             if r["method"] == m and r["beta"] == b
         ]
-        by_method[m] = converged(
-            [metric_series(rs, crit.metric) for rs in runs], [metric_series(rs, "lr") for rs in runs], crit
-        )
+        data[m] = ([metric_series(rs, crit.metric) for rs in runs], [metric_series(rs, "lr") for rs in runs])
+    return data
+
+
+def grid_convergence(data: dict[str, tuple[list, list]], record: dict) -> dict:
+    """``summary.json``'s ``convergence``: the recorded criterion on :func:`convergence_series`'s runs; met
+    when every method meets it."""
+    crit = ConvergenceCriterion(**record["convergence"])
+    by_method = {m: converged(series, lrs, crit) for m, (series, lrs) in data.items()}
     return {
         "criterion": crit.text(),
         "met": bool(by_method) and all(v["met"] for v in by_method.values()),
@@ -441,7 +447,8 @@ def write_summary(out_dir: Path, record: dict) -> dict:
         temperature=temperature,
         primary=claim_of(record),
     )
-    summary["convergence"] = grid_convergence(out_dir, record, results)
+    series = convergence_series(out_dir, record, results)
+    summary["convergence"] = grid_convergence(series, record)
     summary["revision"] = record["revision"]["revision"]
     summary["registered_at"] = record["created"]
     summary["machines"] = sorted({m for r in results for m in r.get("ran_on", [])})
@@ -454,6 +461,9 @@ def write_summary(out_dir: Path, record: dict) -> dict:
     if present:
         plot_grid(out_dir, present, methods, betas, scaled=record.get("beta_scale") is not None)
         plot_frontier(results, out_dir / "frontier.png", methods)
+        if any(s for s, _ in series.values()):
+            crit = ConvergenceCriterion(**record["convergence"])
+            plot_convergence(series, summary["convergence"], crit, out_dir / "convergence.png", COLORS)
     return summary
 
 
@@ -962,19 +972,33 @@ def convergence_markdown(summary: dict) -> list[str]:
     by = c.get("by_method") or {}
     if by:
         lines += [
-            "| method | seeds | moved | se | logged densely | lr decays | stopped before the decay | met |",
-            "|---|---|---|---|---|---|---|---|",
+            "| method | seeds | moved | se | logged densely | lr decays | stopped before the decay (moved, se) | met "
+            "| seeds the se bound needs (end; before the decay) |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for m, v in by.items():
-            moved = "—" if v["moved"] is None else f"{v['moved']:+.4g}"
-            se = "—" if v["se"] is None else f"{v['se']:.4g}"
             before = v.get("before_decay")
-            early = "—" if before is None else str(before["met"])
-            lines.append(
-                f"| {m} | {v['n']} | {moved} | {se} | {v['dense']} | {v['lr_decays']} | {early} | {v['met']} |"
+            early = (
+                "—" if before is None else f"{before['met']} ({_num(before['moved'], '+.4g')}, {_num(before['se'])})"
             )
-        lines.append("")
+            need = _num(v.get("seeds_needed"), "d")
+            if before is not None:
+                need += f"; {_num(before.get('seeds_needed'), 'd')}"
+            lines.append(
+                f"| {m} | {v['n']} | {_num(v['moved'], '+.4g')} | {_num(v['se'])} | {v['dense']} | {v['lr_decays']} "
+                f"| {early} | {v['met']} | {need} |"
+            )
+        lines += [
+            "",
+            "The last column projects the seeds at which the se would reach its bound if the seeds' spread stayed "
+            "what these show (n·(se/bound)²; a planning figure, not a test). `convergence.png` shows each test.",
+            "",
+        ]
     return lines
+
+
+def _num(x: float | None, fmt: str = ".4g") -> str:
+    return "—" if x is None else format(x, fmt)
 
 
 def summary_markdown(summary: dict) -> str:

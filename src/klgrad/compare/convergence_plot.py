@@ -1,0 +1,126 @@
+"""The convergence criterion as a figure: the logged metric over the run, and each test's per-seed movements
+against the two bounds it must meet (:mod:`klgrad.compare.convergence` for the criterion)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+from klgrad.compare.convergence import ConvergenceCriterion, Series, cut_before_decay, still_and_resolved
+from klgrad.plotting import pyplot, save
+
+TESTS = (("end of the run", None), ("cut before the decay", "before_decay"))
+
+
+def window_spans(last_step: float, window: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The two halves (N(1 − w), N(1 − w/2)] and (N(1 − w/2), N] of the last ``window`` of a run ending at N."""
+    lo, mid = last_step * (1 - window), last_step * (1 - window / 2)
+    return (lo, mid), (mid, last_step)
+
+
+def seed_mean_band(series: Sequence[Series]) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, se) over the runs at every step all of them logged: the per-step mean over seeds and its
+    standard error sd/√n (0 with one run)."""
+    common = sorted(set.intersection(*(set(t for t, _ in s) for s in series))) if series else []
+    values = [dict(s) for s in series]
+    means, ses = [], []
+    for t in common:
+        xs = [v[t] for v in values]
+        m = sum(xs) / len(xs)
+        sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+        means.append(m)
+        ses.append(sd / math.sqrt(len(xs)))
+    return common, means, ses
+
+
+def plot_convergence(
+    data: Mapping[str, tuple[Sequence[Series], Sequence[Series]]],
+    record: Mapping,
+    crit: ConvergenceCriterion,
+    path: str | os.PathLike[str],
+    colors: Mapping[str, str] | None = None,
+) -> None:
+    """Left: each method's seed-mean ``crit.metric`` per step (± 1 SE band), the learning rate on a second
+    axis, and the windows the tests compare (last quarter of the run; last quarter of the run cut where the lr
+    is last at least half its peak). Right: per method and test, every seed's movement δ_s (second half's mean
+    minus the first's), their mean ± z·SE, and the box of half-width z·(se_fraction·gap) around the mean: a test
+    passes when its bar crosses 0 (stopped moving) and fits inside the box (resolved). A method meets the
+    criterion when both tests pass, its metric is logged densely and its lr decays (the summary's table).
+
+    ``data``: method → (the runs' metric series, their lr series); ``record``: ``summary.json``'s
+    ``convergence``."""
+    plt = pyplot()
+    colors = colors or {}
+    by = record.get("by_method") or {}
+    methods = [m for m in data if m in by]
+    bound = None if crit.gap is None else crit.se_fraction * crit.gap
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [1.6, 1]})
+
+    lr_ax = ax.twinx()
+    spans = None
+    for m in methods:
+        series, lrs = data[m]
+        steps, mean, se = seed_mean_band(series)
+        c = colors.get(m)
+        ax.plot(steps, mean, color=c, lw=1.4, label=f"{m} ({len(series)} seeds)")
+        lo = [a - b for a, b in zip(mean, se, strict=True)]
+        hi = [a + b for a, b in zip(mean, se, strict=True)]
+        ax.fill_between(steps, lo, hi, color=c, alpha=0.2)
+        if spans is None and series and lrs:
+            run, lr = series[0], lrs[0]
+            lr_ax.plot([t for t, _ in lr], [x for _, x in lr], color="grey", lw=1, ls="--")
+            cut = cut_before_decay(run, lr)
+            spans = (window_spans(run[-1][0], crit.window), window_spans(cut[-1][0], crit.window) if cut else None)
+    if spans is not None:
+        for (a, b), alpha in zip(spans[0], (0.08, 0.16), strict=True):
+            ax.axvspan(a, b, color="tab:blue", alpha=alpha, lw=0)
+        if crit.before_decay and spans[1] is not None:
+            for (a, b), alpha in zip(spans[1], (0.08, 0.16), strict=True):
+                ax.axvspan(a, b, color="tab:orange", alpha=alpha, lw=0)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"{crit.metric}, mean over seeds ± 1 SE")
+    lr_ax.set_ylabel("learning rate (dashed)", color="grey")
+    ax.set_title(
+        "shaded: the halves each test compares (blue: end of the run; orange: cut before the decay)", fontsize=9
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+    x = 0
+    ticks, labels = [], []
+    for m in methods:
+        for name, key in TESTS:
+            v = by[m] if key is None else by[m].get(key)
+            if v is None or v.get("deltas") is None:
+                continue
+            d, mv, se = v["deltas"], v["moved"], v["se"]
+            c = colors.get(m)
+            spread = [x + 0.25 * ((i + 0.5) / len(d) - 0.5) for i in range(len(d))]
+            bx.scatter(spread, d, s=12, color=c, alpha=0.6, lw=0)
+            if mv is not None and se is not None:
+                if bound is not None:
+                    h = crit.z * bound
+                    bx.add_patch(plt.Rectangle((x + 0.18, mv - h), 0.24, 2 * h, color="grey", alpha=0.2, lw=0))
+                bx.errorbar([x + 0.3], [mv], yerr=[crit.z * se], color=c, marker="o", ms=5, capsize=4, lw=1.6)
+            need = v.get("seeds_needed")
+            verdict = "passes" if all(still_and_resolved(mv, se, crit)) else "fails"
+            ticks.append(x + 0.15)
+            labels.append(f"{m}\n{name}\n{verdict}" + ("" if need is None else f"; ~{need} seeds"))
+            x += 1
+    bx.axhline(0, color="black", lw=0.8)
+    bx.set_xticks(ticks, labels, fontsize=7)
+    bx.set_ylabel(f"δ_s: change of {crit.metric} across the window")
+    bx.set_title(
+        f"dots: seeds; bar: mean ± {crit.z:g} SE"
+        + ("" if bound is None else f"; box: ± {crit.z:g} × {bound:.3g} (the SE bound)"),
+        fontsize=9,
+    )
+    bx.grid(alpha=0.3, axis="y")
+    fig.suptitle(
+        f"convergence: {'met' if record.get('met') else 'not met'} at {record.get('steps')} steps "
+        "(~N seeds: the seeds the SE bound needs at the spread seen so far)",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    save(fig, path, dpi=110)
