@@ -35,7 +35,10 @@ completions) and writes into ``--out`` (default: GRID_DIR):
   pass@1 and pass@8 on the held-out prompts and on the harder variant, and each paired difference between two
   methods (per-seed differences, t interval, paired t-test p and exact sign-flip p);
 - ``forgetting.md`` / ``forgetting.json`` (when ``scripts/grid_forgetting.py`` has measured runs): the same for
-  KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts.
+  KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts;
+- ``noise.md`` / ``noise.json`` (when the grid's summary has a convergence record with a gap): how much of each
+  convergence test's per-seed movement sampling alone explains, and the seeds a stepwise-KL metric would need
+  (:func:`window_noise`; exploratory, not the stated criterion).
 """
 
 from __future__ import annotations
@@ -47,8 +50,10 @@ from pathlib import Path
 
 import numpy as np
 
+from klgrad.compare.convergence import seeds_for_sd
 from klgrad.compare.stats import mean_ci, paired_by_seed
 from klgrad.plotting import pyplot, save
+from klgrad.trainer import read_jsonl
 
 PREDICTED = {"k2_as_loss": "kl_reverse", "k1_in_reward": "kl_reverse", "k3_as_loss": "kl_forward"}
 """Which of the regime's fixed points each head is predicted to reach."""
@@ -296,6 +301,100 @@ def forgetting(rs: list[dict], out: Path) -> dict:
     return {"table": table, "paired": pairs}
 
 
+def half_steps(last: int, window: float) -> tuple[int, int]:
+    """Integer steps in each half of the last ``window`` of a run logged at steps 1..``last`` (the criterion's
+    halves (N(1 − w), N(1 − w/2)] and (N(1 − w/2), N])."""
+    lo, mid = last * (1 - window), last * (1 - window / 2)
+    return sum(lo < t <= mid for t in range(1, last + 1)), sum(mid < t <= last for t in range(1, last + 1))
+
+
+def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
+    r"""``noise.json`` / ``noise.md``: how much of the convergence tests' per-seed movement δ_s sampling alone
+    explains, and what the stepwise KL as the logged metric would change. Exploratory: not the stated criterion.
+
+    Model: at a policy that no longer moves, a window half of h steps averages h·P prompts (P per step), G samples
+    each, so its mean has variance σ_b²/(hP) + σ_w²/(hPG), and δ (second half minus first) the sum over the two
+    halves. σ_w² is the within-prompt variance of the per-sequence estimate, from each final policy's held-out
+    measurement on the same samples (clustered SE² × prompts × samples, for k1 and for the stepwise KL); σ_b² the
+    variance of the per-prompt KLs (the stepwise per-prompt means, less their own sampling variance). Held-out
+    prompts stand in for the training prompts, and drawing prompts without replacement would make the σ_b² term
+    smaller. The excess, observed var(δ) − predicted, is movement the model does not explain (the seeds moving
+    differently, or a wrong model); the projection for a stepwise metric keeps it and swaps the sampling term."""
+    if not (grid / "summary.json").is_file():
+        return {}
+    summary = json.loads((grid / "summary.json").read_text())
+    record = json.loads((grid / "grid.json").read_text())
+    conv = summary.get("convergence") or {}
+    par = conv.get("parameters") or {}
+    if not conv.get("by_method") or par.get("gap") is None:
+        return {}
+    roll = record["resolved_config"]["rollout"]
+    per_step, group = roll["prompts_per_step"], roll["group_size"]
+    bound = par["se_fraction"] * par["gap"]
+    samples = record["estimate_samples"]
+    result: dict = {"bound": bound, "prompts_per_step": per_step, "group_size": group, "methods": {}}
+    for m, v in conv["by_method"].items():
+        finals = [r for r in rs if r["method"] == m and "stepwise_kl_per_prompt" in r["final"]]
+        if len(finals) < 2:
+            continue
+        sig: dict[str, float] = {}
+        for key, se_key in (("k1", "sampled_k1_se"), ("stepwise", "stepwise_kl_se")):
+            sig[key] = float(np.mean([
+                r["final"][se_key] ** 2 * len(r["final"]["stepwise_kl_per_prompt"]) * samples for r in finals
+            ]))  # fmt: skip
+        between = float(np.mean([np.var(r["final"]["stepwise_kl_per_prompt"], ddof=1) for r in finals]))
+        sig["between"] = max(0.0, between - sig["stepwise"] / samples)
+        lrs = [[(x["step"], x["lr"]) for x in read_jsonl(r["dir"] / "metrics.jsonl") if "lr" in x] for r in finals]
+        lr = lrs[0]
+        top = max(x for _, x in lr)
+        cut = max(t for t, x in lr if x >= top / 2)
+        tests = {}
+        for name, rec, last in (("end", v, lr[-1][0]), ("before_decay", v.get("before_decay"), cut)):
+            if rec is None or not rec.get("deltas"):
+                continue
+            hs = half_steps(last, par["window"])
+
+            def var_delta(within: float, hs=hs, between=sig["between"]) -> float:
+                return sum((between + within / group) / (h * per_step) for h in hs)
+
+            observed = float(np.var(rec["deltas"], ddof=1))
+            excess = max(0.0, observed - var_delta(sig["k1"]))
+            projected = math.sqrt(excess + var_delta(sig["stepwise"]))
+            tests[name] = {
+                "steps_per_half": list(hs),
+                "sd_observed": math.sqrt(observed),
+                "sd_sampling_k1": math.sqrt(var_delta(sig["k1"])),
+                "sd_sampling_stepwise": math.sqrt(var_delta(sig["stepwise"])),
+                "sd_excess": math.sqrt(excess),
+                "sd_projected_stepwise": projected,
+                "seeds_needed_k1": seeds_for_sd(math.sqrt(observed), bound),
+                "seeds_needed_stepwise": seeds_for_sd(projected, bound),
+            }
+        result["methods"][m] = {
+            "seeds": len(finals),
+            "sd_within_k1": math.sqrt(sig["k1"]),
+            "sd_within_stepwise": math.sqrt(sig["stepwise"]),
+            "sd_between_prompts": math.sqrt(sig["between"]),
+            "tests": tests,
+        }
+    lines = [
+        "| method | test | steps per half | sd(δ) observed | sampling alone, k1 | excess | sampling alone, stepwise "
+        "| projected, stepwise | seeds for the SE bound: k1; stepwise |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m, mv in result["methods"].items():
+        for name, t in mv["tests"].items():
+            lines.append(
+                f"| {m} | {name.replace('_', ' ')} | {t['steps_per_half'][0]}, {t['steps_per_half'][1]} "
+                f"| {t['sd_observed']:.3f} | {t['sd_sampling_k1']:.3f} | {t['sd_excess']:.3f} "
+                f"| {t['sd_sampling_stepwise']:.3f} | {t['sd_projected_stepwise']:.3f} "
+                f"| {t['seeds_needed_k1']}; {t['seeds_needed_stepwise']} |"
+            )
+    (out / "noise.md").write_text("\n".join(lines) + "\n")
+    (out / "noise.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def per_run(rs: list[dict], out: Path) -> list[str]:
     """``runs.md`` (module docstring): every finished run's final numbers, by method then seed."""
     lines = [
@@ -336,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     prim = primary(rs, json.loads(args.train_regime.read_text()), out) if args.train_regime else {}
     down = downstream(rs, out)
     forgot = forgetting(rs, out)
+    noise = window_noise(rs, args.grid, out)
     for m, v in pred.items():
         print(f"{m}: predicted {v['predicted_mean']:.3f}, measured {v['measured_mean']:.3f}, gap {v['gap_mean']:+.3f} "
               f"{v['gap_ci']}, r = {v['pearson_r']:.2f} ({v['seeds']} seeds)")  # fmt: skip
@@ -345,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     wrote += ["primary.png", "primary.json"] if prim else []
     wrote.append(f"downstream.md ({len(down['table'])} methods)")
     wrote += [f"forgetting.md ({len(forgot['table'])} methods)"] if forgot else []
+    wrote += ["noise.md", "noise.json"] if noise else []
     print(f"wrote into {out}: " + ", ".join(wrote))
     return 0
 

@@ -136,3 +136,39 @@ def test_without_a_regime_the_per_run_and_downstream_tables_are_written(tmp_path
     ]
     assert (tmp_path / "out" / "downstream.md").is_file()
     assert not (tmp_path / "out" / "prediction.png").exists()
+
+
+def test_half_steps_are_the_criterions_window_halves():
+    assert report.half_steps(60, 0.25) == (7, 8)  # (45, 52.5] and (52.5, 60]
+    assert report.half_steps(31, 0.25) == (4, 4)  # (23.25, 27.125] and (27.125, 31]
+
+
+def test_window_noise_by_hand(tmp_path):
+    """Two runs at a constant lr over 8 steps (so the cut is the whole run, each half one step of P = 2 prompts ×
+    G = 4 samples): every term of the sampling model computed by hand."""
+    for seed in (0, 1):
+        d = make_run(tmp_path, "k2_as_loss", seed, [0.2, 0.4], {"a": [True] * 4, "b": [False] * 4})
+        final = json.loads((d / "final.json").read_text())
+        final.update(sampled_k1_se=0.1, stepwise_kl_se=0.05)
+        (d / "final.json").write_text(json.dumps(final))
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": t, "lr": 1e-5}) + "\n" for t in range(1, 9)))
+    record = {"resolved_config": {"rollout": {"prompts_per_step": 2, "group_size": 4}}, "estimate_samples": 4}
+    (tmp_path / "grid.json").write_text(json.dumps(record))
+    test = {"deltas": [0.0, 0.4], "moved": 0.2, "se": 0.2}
+    conv = {"parameters": {"gap": 0.08, "se_fraction": 0.25, "window": 0.25}, "by_method": {
+        "k2_as_loss": {**test, "before_decay": dict(test)}}}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps({"convergence": conv}))
+    got = report.window_noise(report.runs(tmp_path), tmp_path, tmp_path)["methods"]["k2_as_loss"]
+    # σ_w² = SE² × 2 prompts × 4 samples: k1 0.08, stepwise 0.02; σ_b² = Var(0.2, 0.4) − 0.02/4 = 0.015
+    assert math.isclose(got["sd_within_k1"] ** 2, 0.08, rel_tol=1e-12)
+    assert math.isclose(got["sd_within_stepwise"] ** 2, 0.02, rel_tol=1e-12)
+    assert math.isclose(got["sd_between_prompts"] ** 2, 0.015, rel_tol=1e-9)
+    for t in got["tests"].values():  # var(δ) = Σ over two halves of (σ_b² + σ_w²/4)/(1 step × 2 prompts)
+        assert t["steps_per_half"] == [1, 1]
+        assert math.isclose(t["sd_sampling_k1"] ** 2, 0.015 + 0.02, rel_tol=1e-9)
+        assert math.isclose(t["sd_sampling_stepwise"] ** 2, 0.015 + 0.005, rel_tol=1e-9)
+        assert math.isclose(t["sd_observed"] ** 2, 0.08, rel_tol=1e-12)  # Var(0, 0.4)
+        assert math.isclose(t["sd_excess"] ** 2, 0.08 - 0.035, rel_tol=1e-9)
+        assert math.isclose(t["sd_projected_stepwise"] ** 2, 0.045 + 0.02, rel_tol=1e-9)
+        assert (t["seeds_needed_k1"], t["seeds_needed_stepwise"]) == (200, 163)  # ⌈0.08/0.02²⌉, ⌈162.5⌉
+    assert (tmp_path / "noise.md").is_file()

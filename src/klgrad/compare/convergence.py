@@ -135,17 +135,23 @@ def movement(series: Sequence[Series], crit: ConvergenceCriterion) -> tuple[floa
     return m, math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
 
 
+def seeds_for_sd(sd: float, bound: float) -> int:
+    """The fewest seeds n' whose standard error sd/√n' is at most ``bound``: ⌈(sd/bound)²⌉, at least 2 (the fewest
+    with a standard error)."""
+    return max(2, math.ceil((sd / bound) ** 2 - 1e-9))  # − 1e-9: an exact integer stays itself
+
+
 def seeds_for_resolution(se: float | None, n: int, bound: float | None) -> int | None:
     """The number of seeds n' at which condition 3 would hold if the seeds' spread stayed what ``n`` seeds show:
-    sd = se·√n and sd/√n' ≤ bound, so n' = ⌈n·(se/bound)²⌉ (at least 2, the fewest with a standard error).
+    :func:`seeds_for_sd` of sd = se·√n, so n' = ⌈n·(se/bound)²⌉.
 
     A projection for planning (how many more seeds a grid needs), not a test: the spread of the next seeds is
     itself uncertain: with n = 8 the sample sd lies between 0.49 and 1.51 times the true one with
-    probability 0.95 (√(χ²₇/7)), and n' ∝ sd², so the seeds truly needed may be from 0.44 (1/1.51²) to 4.1 (1/0.49²)
-    times the projection. None without a standard error or a bound."""
+    probability 0.95 (√(χ²₇/7)), and n' ∝ sd², so the seeds truly needed may be from 0.44 (1/1.51²) to 4.1
+    (1/0.49²) times the projection. None without a standard error or a bound."""
     if se is None or bound is None or n < 2:
         return None
-    return max(2, math.ceil(n * (se / bound) ** 2 - 1e-9))  # − 1e-9: an exact integer stays itself
+    return seeds_for_sd(se * math.sqrt(n), bound)
 
 
 def still_and_resolved(m: float | None, se: float | None, crit: ConvergenceCriterion) -> tuple[bool, bool]:
