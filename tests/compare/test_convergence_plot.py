@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from klgrad.compare.convergence import ConvergenceCriterion, converged
+from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, converged
 from klgrad.compare.convergence_plot import plot_convergence, seed_mean_band, window_spans
 
 
@@ -41,5 +41,6 @@ def test_the_figure_is_drawn_for_a_decided_and_an_undecided_record(tmp_path, ste
     record = _record(series, lrs, crit, steps)
     assert (record["by_method"]["k2_as_loss"]["deltas"] is None) == (steps == 2)
     path = tmp_path / "convergence.png"
-    plot_convergence({"k2_as_loss": (series, lrs), "k3_as_loss": (series, lrs)}, record, crit, path)
+    runs = MethodRuns(series, lrs, list(range(4)))
+    plot_convergence({"k2_as_loss": runs, "k3_as_loss": runs}, record, crit, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -172,3 +172,20 @@ def test_window_noise_by_hand(tmp_path):
         assert math.isclose(t["sd_projected_stepwise"] ** 2, 0.045 + 0.02, rel_tol=1e-9)
         assert (t["seeds_needed_k1"], t["seeds_needed_stepwise"]) == (200, 163)  # ⌈0.08/0.02²⌉, ⌈162.5⌉
     assert (tmp_path / "noise.md").is_file()
+
+
+def test_paired_movement_pairs_the_heads_by_seed():
+    """δ_a − δ_b over the seeds both have (b has a seed a lacks): sd and correlation by hand."""
+    conv = {"by_method": {
+        "k3_as_loss": {"seeds": [0, 1, 2], "deltas": [0.1, 0.2, 0.6], "before_decay": None},
+        "k2_as_loss": {"seeds": [0, 1, 2, 5], "deltas": [0.0, 0.2, 0.4, 9.0], "before_decay": None},
+    }}  # fmt: skip
+    got = report.paired_movement(conv, 0.02)
+    assert (got["a"], got["b"], got["seeds"]) == ("k3_as_loss", "k2_as_loss", 3)
+    t = got["tests"]["end"]
+    assert math.isclose(t["sd"], 0.1, rel_tol=1e-9)  # differences 0.1, 0.0, 0.2
+    assert math.isclose(
+        t["correlation"], 0.10 / math.sqrt(0.14 * 0.08), rel_tol=1e-9
+    )  # Σ dev products / √(Σ dev²·Σ dev²)
+    assert t["seeds_needed"] == 25  # (0.1/0.02)²
+    assert "before_decay" not in got["tests"]

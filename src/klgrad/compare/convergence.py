@@ -33,9 +33,19 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 Series = Sequence[tuple[int, float]]
 """(step, value) pairs of one run, steps increasing."""
+
+
+class MethodRuns(NamedTuple):
+    """One method's finished runs at one β, in seed order: each run's series of the criterion's metric, of its
+    ``lr``, and its seed."""
+
+    series: list[Series]
+    lrs: list[Series]
+    seeds: list[int]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
-from klgrad.compare.convergence import ConvergenceCriterion, Series, cut_before_decay, still_and_resolved
+from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, Series, cut_before_decay, still_and_resolved
 from klgrad.plotting import pyplot, save
 
 TESTS = (("end of the run", None), ("cut before the decay", "before_decay"))
@@ -35,7 +35,7 @@ def seed_mean_band(series: Sequence[Series]) -> tuple[list[int], list[float], li
 
 
 def plot_convergence(
-    data: Mapping[str, tuple[Sequence[Series], Sequence[Series]]],
+    data: Mapping[str, MethodRuns],
     record: Mapping,
     crit: ConvergenceCriterion,
     path: str | os.PathLike[str],
@@ -48,7 +48,7 @@ def plot_convergence(
     passes when its bar crosses 0 (stopped moving) and fits inside the box (resolved). A method meets the
     criterion when both tests pass, its metric is logged densely and its lr decays (the summary's table).
 
-    ``data``: method → (the runs' metric series, their lr series); ``record``: ``summary.json``'s
+    ``data``: method → its runs (the metric's and the lr's series); ``record``: ``summary.json``'s
     ``convergence``."""
     plt = pyplot()
     colors = colors or {}
@@ -60,7 +60,7 @@ def plot_convergence(
     lr_ax = ax.twinx()
     spans = None
     for m in methods:
-        series, lrs = data[m]
+        series, lrs = data[m].series, data[m].lrs
         steps, mean, se = seed_mean_band(series)
         c = colors.get(m)
         ax.plot(steps, mean, color=c, lw=1.4, label=f"{m} ({len(series)} seeds)")

@@ -36,7 +36,7 @@ from klgrad.audit.framework_head import find_preset, preset_settings
 from klgrad.choices import is_preset_id
 from klgrad.compare.beta_scale import BetaScale, beta_row, parse_beta_scale, settle_scale
 from klgrad.compare.claims import Claim, parse_claim, same_claim
-from klgrad.compare.convergence import ConvergenceCriterion, converged, metric_series
+from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, converged, metric_series
 from klgrad.compare.convergence_plot import plot_convergence
 from klgrad.compare.design import GRID_FILE, now, read_grid, settle_design, shared_config, write_json
 from klgrad.compare.provenance import Revision, check_pinned, machine_label, machine_record, source_revision
@@ -399,28 +399,27 @@ def claim_of(record: dict) -> Claim | None:
     return None if p is None else Claim(p["a"], p["b"], p["kind"], p["metric"])
 
 
-def convergence_series(out_dir: Path, record: dict, results: list[dict]) -> dict[str, tuple[list, list]]:
-    """Method → (its finished runs' series of the criterion's metric, their ``lr`` series), at the first β, for
-    the primary hypothesis' two methods (every method without one)."""
+def convergence_series(out_dir: Path, record: dict, results: list[dict]) -> dict[str, MethodRuns]:
+    """Method → its finished runs' series of the criterion's metric and of ``lr``, with their seeds, at the first
+    β, for the primary hypothesis' two methods (every method without one)."""
     crit = ConvergenceCriterion(**record["convergence"])
     b = record["betas"][0]
     claim = claim_of(record)
     data = {}
     for m in [claim.a, claim.b] if claim else list(record["methods"]):
-        runs = [
-            read_jsonl(out_dir / "runs" / run_name(m, b, r["seed"]) / "metrics.jsonl")
-            for r in results
-            if r["method"] == m and r["beta"] == b
-        ]
-        data[m] = ([metric_series(rs, crit.metric) for rs in runs], [metric_series(rs, "lr") for rs in runs])
+        seeds = sorted(r["seed"] for r in results if r["method"] == m and r["beta"] == b)
+        runs = [read_jsonl(out_dir / "runs" / run_name(m, b, s) / "metrics.jsonl") for s in seeds]
+        data[m] = MethodRuns(
+            [metric_series(rs, crit.metric) for rs in runs], [metric_series(rs, "lr") for rs in runs], seeds
+        )
     return data
 
 
-def grid_convergence(data: dict[str, tuple[list, list]], record: dict) -> dict:
-    """``summary.json``'s ``convergence``: the recorded criterion on :func:`convergence_series`'s runs; met
-    when every method meets it."""
+def grid_convergence(data: dict[str, MethodRuns], record: dict) -> dict:
+    """``summary.json``'s ``convergence``: the recorded criterion on :func:`convergence_series`'s runs (each
+    method's record with its ``seeds``, the order of its ``deltas``); met when every method meets it."""
     crit = ConvergenceCriterion(**record["convergence"])
-    by_method = {m: converged(series, lrs, crit) for m, (series, lrs) in data.items()}
+    by_method = {m: {**converged(d.series, d.lrs, crit), "seeds": d.seeds} for m, d in data.items()}
     return {
         "criterion": crit.text(),
         "met": bool(by_method) and all(v["met"] for v in by_method.values()),
@@ -461,7 +460,7 @@ def write_summary(out_dir: Path, record: dict) -> dict:
     if present:
         plot_grid(out_dir, present, methods, betas, scaled=record.get("beta_scale") is not None)
         plot_frontier(results, out_dir / "frontier.png", methods)
-        if any(s for s, _ in series.values()):
+        if any(d.series for d in series.values()):
             crit = ConvergenceCriterion(**record["convergence"])
             plot_convergence(series, summary["convergence"], crit, out_dir / "convergence.png", COLORS)
     return summary
