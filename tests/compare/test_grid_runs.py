@@ -125,6 +125,10 @@ def test_seeds_run_apart_merge_into_one_summary_and_another_revision_is_refused(
     assert len(merged["sessions"]) == 2
     assert merged["merged_from"][0]["inputs"] == [str(tmp_path / "a"), str(tmp_path / "b")]
     assert not list((tmp_path / "m" / "runs").glob("*/checkpoints"))  # weights are not copied
+    merge_grids([tmp_path / "a"], tmp_path / "m")  # again, from an input whose session m holds already
+    again = json.loads((tmp_path / "m" / "grid.json").read_text())
+    assert again["sessions"] == merged["sessions"]  # each session once
+    assert len(again["merged_from"]) == 2
 
     shutil.copytree(tmp_path / "b", tmp_path / "c")
     record = json.loads((tmp_path / "c" / "grid.json").read_text())

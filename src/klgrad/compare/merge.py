@@ -48,6 +48,15 @@ def same_file(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
+def once(items: list[dict]) -> list[dict]:
+    """``items`` without repeats, first occurrences in order: a grid merged again from a folder that already holds
+    some of its sessions (its own earlier inputs) records each session once."""
+    out: list[dict] = []
+    for x in items:
+        if x not in out:
+            out.append(x)
+    return out
+
 def merge_grids(inputs: list[Path], out_dir: Path) -> dict:
     """Merge the grid folders ``inputs`` into ``out_dir`` (module docstring); returns the summary.
 
@@ -92,7 +101,7 @@ def merge_grids(inputs: list[Path], out_dir: Path) -> dict:
             "seeds": max(r["seeds"] for _, r in records),
             "created": min(r.get("created", now()) for _, r in records),
             "pinned": all(r.get("pinned") for _, r in records),
-            "sessions": [s for _, r in records for s in r.get("sessions", [])],
+            "sessions": once([s for _, r in records for s in r.get("sessions", [])]),
             "merged_from": [
                 *(existing or {}).get("merged_from", []),
                 {"at": now(), "inputs": [str(d) for d, _ in records], "copied": copied, "skipped": skipped},
