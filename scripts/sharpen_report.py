@@ -19,7 +19,7 @@ completions) and writes into ``--out`` (default: GRID_DIR):
   and the mean gap measured − predicted (t interval over seeds);
 - ``primary.png`` / ``primary.json`` (with ``--train-regime``, a ``klgrad regime --split train``): the primary
   metric (``batch_kl_k1``) of each head against its fixed point on the training prompts, and the paired
-  k3 − k2 difference against the predicted one;
+  k3 − k2 difference against the predicted one (with the paired t-test of "the difference is the prediction");
 - ``optimum.json``: each run's KL(π‖π*) on the held-out prompts,
 
       KL(π‖π*) = mean_x [ KL_x(π‖π_ref) − p_x/β + log Z_x ],   Z_x = Σ_r m_x(r)·e^{r/β},
@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from klgrad.compare.convergence import seeds_for_sd
-from klgrad.compare.stats import mean_ci, paired_by_seed
+from klgrad.compare.stats import mean_ci, paired_by_seed, paired_t_p
 from klgrad.plotting import pyplot, save
 from klgrad.trainer import read_jsonl
 
@@ -204,7 +204,14 @@ def primary(rs: list[dict], regime: dict, out: Path) -> dict:
         d = paired_by_seed(by["k3_as_loss"], by["k2_as_loss"])
         want = regime["predicted_kl"]["forward"] - regime["predicted_kl"]["reverse"]
         wlo, whi = regime["interval_95"]["forward_minus_reverse"]
-        result["k3_minus_k2"] = {"predicted": want, "predicted_ci": [wlo, whi], "measured": d}
+        seeds = sorted(by["k3_as_loss"].keys() & by["k2_as_loss"].keys())
+        diffs = [by["k3_as_loss"][s] - by["k2_as_loss"][s] for s in seeds]
+        result["k3_minus_k2"] = {
+            "predicted": want,
+            "predicted_ci": [wlo, whi],
+            "measured": d,
+            "p_vs_predicted": paired_t_p(diffs, shift=want),  # two-sided paired t of "the difference is the prediction"
+        }
         right.errorbar([0], [want], yerr=[[want - wlo], [whi - want]], fmt="s", color="#777777", capsize=5)
         right.errorbar([1], [d["mean"]], yerr=[[d["mean"] - d["ci"][0]], [d["ci"][1] - d["mean"]]], fmt="o",
                        color="black", capsize=5)  # fmt: skip

@@ -118,6 +118,10 @@ def test_the_primary_metric_against_the_training_prompts_fixed_points(tmp_path):
     assert d == paired_by_seed({s: k2[s] + o for s, o in enumerate(k3_offsets)}, dict(enumerate(k2)))
     assert math.isclose(d["mean"], sum(k3_offsets) / 3, abs_tol=1e-12)  # rounding of 0.25 + s/100 ± offset
     assert math.isclose(got["k3_minus_k2"]["predicted"], 0.23 - 0.32, rel_tol=1e-12)
+    # t of the differences (sd 0.03) against the prediction −0.09: 0.07/(0.03/√3); for 2 degrees of freedom the
+    # two-sided p is 1 − t/√(t² + 2) in closed form
+    t = 0.07 / (0.03 / math.sqrt(3))
+    assert math.isclose(got["k3_minus_k2"]["p_vs_predicted"], 1 - t / math.sqrt(t**2 + 2), rel_tol=1e-9)
     assert (tmp_path / "primary.png").stat().st_size > 0
     assert json.loads((tmp_path / "primary.json").read_text()) == json.loads(json.dumps(got))
 
