@@ -525,3 +525,27 @@ def test_bf16_sampler_trains_with_weights_from_trainer_over_sampler_log_probs(tm
         assert r["mismatch/weight_max"] != 1.0
     final = weights(Path(cfg.train.out_dir) / "checkpoints" / "step_000002" / "policy.safetensors")
     assert {v.dtype for v in final.values()} == {torch.float32}
+
+
+def test_logging_the_stepwise_kl_is_zero_at_the_reference_and_changes_nothing_else(tmp_path):
+    """``train.log_stepwise_kl``: two extra no-grad passes a step, so every other number of the run is the same bit for
+    bit (one machine, one thread); at step 1 the policy is the reference, so each prefix's KL is 0 up to rounding;
+    after it the logged KL is a KL the update made."""
+    runs = {}
+    for on in (False, True):
+        cfg = small(tmp_path / str(on), **{"train.eval_every": 0, "train.threads": 1, "train.log_stepwise_kl": on})
+        train(cfg, progress=False)
+        runs[on] = read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl")
+
+    def numbers(records: list[dict]) -> list[dict]:
+        drop = ("tokens_per_s", "kl/stepwise")
+        return [{k: v for k, v in r.items() if not k.startswith("time/") and k not in drop} for r in records]
+
+    assert numbers(runs[True]) == numbers(runs[False])
+    steps = [r for r in runs[True] if "kl/k1" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    # step 1: the two models' float32 logits agree to rounding (δ ≲ 20·2^−23 ≈ 2.4e-6 at |z| ≤ 20), and a KL is second
+    # order in δ, ≤ ½δ² ≈ 3e-12 a position, ≤ 10 positions: 1e-9 bounds it (measured 4e-13); one update moves it more
+    assert 0.0 <= steps[0]["kl/stepwise"] <= 1e-9
+    assert all(r["kl/stepwise"] > 1e-6 for r in steps[1:])
+    assert not any("kl/stepwise" in r for r in runs[False])

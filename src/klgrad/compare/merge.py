@@ -57,6 +57,7 @@ def once(items: list[dict]) -> list[dict]:
             out.append(x)
     return out
 
+
 def merge_grids(inputs: list[Path], out_dir: Path) -> dict:
     """Merge the grid folders ``inputs`` into ``out_dir`` (module docstring); returns the summary.
 

@@ -269,6 +269,8 @@ class TrainConfig:
     """Log-prob passes compute real response positions only (docs/performance.md); false = the padded forward."""
     eval_objective_prompts: AtLeastZero | None = None
     """Held-out prompts on which each evaluation enumerates J_β, J*, KL(π‖π*) at kl.beta; 0 = off; null = auto."""
+    log_stepwise_kl: bool = False
+    """Also log kl/stepwise: the batch's sequence KL as Σ_t of each prefix's exact next-token KL (2 no-grad passes)."""
 
 
 @record

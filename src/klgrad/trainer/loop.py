@@ -233,7 +233,8 @@ def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
     with behaviour_weights(run.policy, run.stale):  # π_{t−k} with rollout.staleness k, else the current policy
         rollout, prompt_len, my_examples = sample_responses(run, step, examples, gen)
         behaviour_logp = behaviour_logprobs(run, rollout, prompt_len)
-    clock.mark("rollout")
+        stepwise = batch_stepwise_kl(run, rollout, prompt_len) if cfg.train.log_stepwise_kl else None
+    clock.mark("rollout")  # with the stepwise KL's two passes when it is logged
     rewards, scored = score_responses(run, step, my_examples, rollout)
     clock.mark("reward")
     batch = with_reference_logprobs(run, rollout, prompt_len, rewards, behaviour_logp)
@@ -262,6 +263,7 @@ def train_step(run: Run, step: int) -> tuple[dict, UpdateStats]:
         truncated=dist.gather(rollout.truncated),
         mismatch_weights=None if batch.mismatch_weights is None else dist.gather(batch.mismatch_weights),
         trainer_logp=None if batch.trainer_logp is None else dist.gather(batch.trainer_logp),
+        stepwise_kl=None if stepwise is None else dist.gather(stepwise),
     )
     lr = run.scheduler.get_last_lr()[0]
     return step_record(step + 1, cfg, whole_batch, stats, lr=lr, clock=clock), stats
@@ -299,6 +301,30 @@ def sample_responses(run: Run, step: int, examples: list[Example], gen: torch.Ge
     rollout = pad_responses(rollout, dist.max_int(rollout.response_ids.shape[1]), run.tokenizer.pad_token_id)
     run.hooks.at("rollout", step + 1)
     return rollout, prompt_ids.shape[1], examples[shard]
+
+
+def batch_stepwise_kl(run: Run, rollout: Rollout, prompt_len: int) -> Tensor:
+    """(n,) per response, S(y) = Σ_t KL(π(·|x, y_{<t}) ‖ π_ref(·|x, y_{<t})) at the sampling temperature, π the
+    policy that drew the rollout (call it with the behaviour weights in place): the batch's sequence KL with each
+    token's log-ratio replaced by its exact expectation given the prefix (:func:`klgrad.exact.kl.stepwise_kl`;
+    unbiased for KL(π‖π_ref) like ``kl/k1``, whose per-sequence variance it removes most of on sampled LM
+    responses). Two no-grad forward passes over the batch with the full vocabulary."""
+    from klgrad.exact.kl import stepwise_kl
+
+    run.policy.eval()  # as it sampled
+    try:
+        kl = stepwise_kl(
+            run.policy,
+            run.ref,
+            rollout.input_ids,
+            rollout.attention_mask,
+            prompt_len,
+            rollout.response_mask,
+            run.cfg.rollout.temperature,
+        )
+    finally:
+        run.policy.train()
+    return kl.to(device=run.device, dtype=torch.float32)
 
 
 def score_responses(run: Run, step: int, examples: list[Example], rollout: Rollout) -> tuple[Tensor, RewardResult]:

@@ -70,6 +70,8 @@ class StepBatch:
     """(N, T) IS weights of the sampler/trainer mismatch, or None."""
     trainer_logp: Tensor | None = None
     """(N, T) the trainer's log-probs of the rollout (the mismatch measured against ``sampler_logp``), or None."""
+    stepwise_kl: Tensor | None = None
+    """(N,) each response's stepwise sequence KL (``train.log_stepwise_kl``), or None."""
 
 
 def step_record(
@@ -125,6 +127,8 @@ def step_record(
         "time/step": time.perf_counter() - clock.start,
         "tokens_per_s": n_tok / max(time.perf_counter() - clock.start, 1e-9),
     }
+    if batch.stepwise_kl is not None:  # the same KL as kl/k1, each token's log-ratio replaced by its expectation
+        record["kl/stepwise"] = float(batch.stepwise_kl.mean())
     if batch.mismatch_weights is not None:  # how far the sampler's log-probs are from the trainer's
         weights = batch.mismatch_weights[mask]
         record["mismatch/weight_mean"] = float(weights.mean()) if bool(mask.any()) else 1.0
