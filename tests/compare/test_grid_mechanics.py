@@ -19,7 +19,7 @@ from klgrad.cli import main, parse_seed_list
 from klgrad.compare.claims import Claim, parse_claim
 from klgrad.compare.convergence import ConvergenceCriterion, converged, logged_densely, lr_decays, window_halves
 from klgrad.compare.design import GridMismatchError, settle_design
-from klgrad.compare.grid import PREDICTIONS, prediction_tests, summarize
+from klgrad.compare.grid import PREDICTIONS, check_logged, prediction_tests, summarize
 from klgrad.compare.provenance import (
     PIN_DIR_ENV,
     PIN_ENV,
@@ -37,6 +37,7 @@ from klgrad.compare.stats import decide
 from klgrad.runlock import waiting_lock
 from klgrad.stopping import parse_stop_rule, stop_point
 from klgrad.trainer.checkpoints import prune_checkpoints
+from tests.helpers.tiny_runs import small
 
 # ----------------------------------------------------------------------------------------------------------
 # revision and machine
@@ -466,6 +467,8 @@ def test_cli_refuses_a_bad_primary_or_seed_list_before_any_run(tmp_path, capsys)
     assert main(["compare", "--out", str(out), "--seeds", "4", "--only-seeds", "3-5"]) == 2
     assert "not all among the grid's seeds 0..3" in capsys.readouterr().err
     assert main(["compare", "--out", str(out), "--final-hook", "nohook"]) == 2
+    assert main(["compare", "--out", str(out), "--converge-metric", "kl/stepwise"]) == 2  # a metric the runs won't log
+    assert "pass --train.log_stepwise_kl true" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -491,3 +494,13 @@ def test_convergence_not_met_by_a_run_the_lr_decay_stopped():
     assert settled["before_decay"]["met"]
     assert settled["met"]
     assert converged(frozen, lrs, ConvergenceCriterion(gap=0.08, before_decay=False))["met"]  # the old criterion
+
+
+def test_a_criterion_on_the_stepwise_kl_needs_every_run_to_log_it(tmp_path):
+    crit = ConvergenceCriterion(gap=0.08, metric="kl/stepwise")
+    on, off = small(tmp_path, **{"train.log_stepwise_kl": True}), small(tmp_path)
+    check_logged(crit, [on])
+    with pytest.raises(ValueError, match=r"logged only with train\.log_stepwise_kl"):
+        check_logged(crit, [on, off])
+    check_logged(ConvergenceCriterion(gap=0.08), [off])  # kl/k1 is always logged
+    check_logged(None, [off])

@@ -611,6 +611,7 @@ def run_compare(
         }
         cfgs[(m, b, s)] = load_config(config, run_overrides[(m, b, s)])
     sampling_temperature(list(cfgs.values()))  # one temperature, or refused before anything is written
+    check_logged(convergence, list(cfgs.values()))
     stuck = [str(c.train.out_dir) for c in cfgs.values() if not extendable(Path(c.train.out_dir), steps)]
     if stuck:
         raise ValueError(
@@ -807,6 +808,21 @@ def kl_metric(results: list[dict]) -> str:
             return key
     return "sampled_k1"
 
+
+LOGGED_BY = {"kl/stepwise": "train.log_stepwise_kl"}
+"""Metrics a run logs only when a setting asks for it: the convergence criterion can be stated on them only then."""
+
+
+def check_logged(convergence: ConvergenceCriterion | None, cfgs: list[Config]) -> None:
+    """Refuse (before anything is written) a convergence criterion on a metric the runs will not log."""
+    setting = None if convergence is None else LOGGED_BY.get(convergence.metric)
+    if setting is None:
+        return
+    section, field = setting.split(".")
+    if not all(getattr(getattr(c, section), field) for c in cfgs):
+        raise ValueError(
+            f"--converge-metric {convergence.metric} is logged only with {setting}: true; pass --{setting} true"
+        )
 
 def sampling_temperature(cfgs: list[Config]) -> float:
     """The one rollout temperature of a grid's runs: every KL of the summary is between the full distributions at
