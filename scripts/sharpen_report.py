@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from klgrad.compare.convergence import seeds_for_sd
+from klgrad.compare.convergence import metric_series, seeds_for_sd, window_deltas
 from klgrad.compare.stats import mean_ci, paired_by_seed, paired_t_p
 from klgrad.plotting import pyplot, save
 from klgrad.trainer import read_jsonl
@@ -339,6 +339,16 @@ def paired_movement(conv: dict, bound: float) -> dict:
     return {"a": a, "b": b, "seeds": len(common), "tests": tests} if tests else {}
 
 
+SCAN = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+"""Cut points (fractions of the run) at which noise.md repeats the movement test."""
+
+
+def sampling_var(halves: tuple[int, int], between: float, within: float, group: int, per_step: int) -> float:
+    """var(δ) at a policy that no longer moves: Σ over the two halves of (σ_b² + σ_w²/G)/(h·P), h the half's steps,
+    P prompts a step, G samples a prompt, σ_b² the prompts' spread and σ_w² the within-prompt one."""
+    return sum((between + within / group) / (h * per_step) for h in halves)
+
+
 def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
     r"""``noise.json`` / ``noise.md``: how much of the convergence tests' per-seed movement δ_s sampling alone
     explains, and what the stepwise KL as the logged metric would change. Exploratory: not the stated criterion.
@@ -384,29 +394,40 @@ def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
             if rec is None or not rec.get("deltas"):
                 continue
             hs = half_steps(last, par["window"])
-
-            def var_delta(within: float, hs=hs, between=sig["between"]) -> float:
-                return sum((between + within / group) / (h * per_step) for h in hs)
-
+            var_k1, var_sw = (sampling_var(hs, sig["between"], sig[k], group, per_step) for k in ("k1", "stepwise"))
             observed = float(np.var(rec["deltas"], ddof=1))
-            excess = max(0.0, observed - var_delta(sig["k1"]))
-            projected = math.sqrt(excess + var_delta(sig["stepwise"]))
+            excess = max(0.0, observed - var_k1)
+            projected = math.sqrt(excess + var_sw)
             tests[name] = {
                 "steps_per_half": list(hs),
                 "sd_observed": math.sqrt(observed),
-                "sd_sampling_k1": math.sqrt(var_delta(sig["k1"])),
-                "sd_sampling_stepwise": math.sqrt(var_delta(sig["stepwise"])),
+                "sd_sampling_k1": math.sqrt(var_k1),
+                "sd_sampling_stepwise": math.sqrt(var_sw),
                 "sd_excess": math.sqrt(excess),
                 "sd_projected_stepwise": projected,
                 "seeds_needed_k1": seeds_for_sd(math.sqrt(observed), bound),
                 "seeds_needed_stepwise": seeds_for_sd(projected, bound),
+                "seeds_needed_sampling_only": [seeds_for_sd(math.sqrt(x), bound) for x in (var_k1, var_sw)],
             }
+        series = [metric_series(read_jsonl(r["dir"] / "metrics.jsonl"), par.get("metric", "kl/k1")) for r in finals]
+        scan = []
+        for frac in SCAN:  # the same test at other cut points: is the spread at the registered cut typical?
+            h = round(frac * lr[-1][0])
+            cut_runs = [[(t, x) for t, x in s if t <= h] for s in series]
+            d = window_deltas(cut_runs, par["window"])
+            if d is None or len(d) < 2:
+                continue
+            var_k1 = sampling_var(half_steps(h, par["window"]), sig["between"], sig["k1"], group, per_step)
+            sd = float(np.std(d, ddof=1))
+            scan.append({"cut": h, "lr_fraction": dict(lr).get(h, float("nan")) / top, "sd_observed": sd,
+                         "sd_sampling_k1": math.sqrt(var_k1), "ratio": sd / math.sqrt(var_k1)})  # fmt: skip
         result["methods"][m] = {
             "seeds": len(finals),
             "sd_within_k1": math.sqrt(sig["k1"]),
             "sd_within_stepwise": math.sqrt(sig["stepwise"]),
             "sd_between_prompts": math.sqrt(sig["between"]),
             "tests": tests,
+            "scan": scan,
         }
     result["paired"] = paired_movement(conv, bound)
     lines = [
@@ -422,6 +443,18 @@ def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
                 f"| {t['sd_sampling_stepwise']:.3f} | {t['sd_projected_stepwise']:.3f} "
                 f"| {t['seeds_needed_k1']}; {t['seeds_needed_stepwise']} |"
             )
+    cuts = [x["cut"] for x in next(iter(result["methods"].values()), {}).get("scan", [])]
+    lines += [
+        "",
+        "The same test at other cut points (the run cut at step H, the halves of its last quarter; sampling alone as "
+        "above):",
+        "",
+        "| method | " + " | ".join(f"H = {h}" for h in cuts) + " |",
+        "|---|" + "---|" * len(cuts),
+    ]
+    for m, mv in result["methods"].items():
+        cells = [f"{x['sd_observed']:.3f} / {x['sd_sampling_k1']:.3f} ({x['ratio']:.2f})" for x in mv["scan"]]
+        lines.append(f"| {m}: sd(δ) observed / sampling (ratio) | " + " | ".join(cells) + " |")
     pr = result["paired"]
     if pr:
         lines += [

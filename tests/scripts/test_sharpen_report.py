@@ -175,7 +175,14 @@ def test_window_noise_by_hand(tmp_path):
         assert math.isclose(t["sd_excess"] ** 2, 0.08 - 0.035, rel_tol=1e-9)
         assert math.isclose(t["sd_projected_stepwise"] ** 2, 0.045 + 0.02, rel_tol=1e-9)
         assert (t["seeds_needed_k1"], t["seeds_needed_stepwise"]) == (200, 163)  # ⌈0.08/0.02²⌉, ⌈162.5⌉
+    assert got["scan"] == []  # these runs log no kl/k1 to scan
     assert (tmp_path / "noise.md").is_file()
+
+
+def test_sampling_var_is_the_sum_over_both_halves():
+    # two halves of 1 and 3 steps of P = 2 prompts × G = 4: (σ_b² + σ_w²/4)/(h·2) each
+    got = report.sampling_var((1, 3), 0.015, 0.08, 4, 2)
+    assert math.isclose(got, (0.015 + 0.02) / 2 + (0.015 + 0.02) / 6, rel_tol=1e-12)
 
 
 def test_paired_movement_pairs_the_heads_by_seed():
