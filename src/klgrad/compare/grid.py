@@ -824,6 +824,7 @@ def check_logged(convergence: ConvergenceCriterion | None, cfgs: list[Config]) -
             f"--converge-metric {convergence.metric} is logged only with {setting}: true; pass --{setting} true"
         )
 
+
 def sampling_temperature(cfgs: list[Config]) -> float:
     """The one rollout temperature of a grid's runs: every KL of the summary is between the full distributions at
     it (:func:`final_kl`), so the summary states it; runs at different temperatures are not one grid."""
