@@ -55,7 +55,17 @@ def plot_convergence(
     by = record.get("by_method") or {}
     methods = [m for m in data if m in by]
     bound = None if crit.gap is None else crit.se_fraction * crit.gap
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [1.6, 1]})
+    decays = True  # does the cut before the decay differ from the whole run (a decaying lr)?
+    for m in methods:
+        if data[m].series and data[m].lrs:
+            cut = cut_before_decay(data[m].series[0], data[m].lrs[0])
+            decays = bool(cut) and cut[-1][0] < data[m].series[0][-1][0]
+            break
+    tests = TESTS if crit.before_decay and decays else TESTS[:1]  # at a constant lr the two tests are one
+    groups = len(methods) * len(tests)
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(10 + 1.1 * groups, 5), gridspec_kw={"width_ratios": [10, max(4, 1.1 * groups)]}
+    )
 
     lr_ax = ax.twinx()
     spans = None
@@ -70,27 +80,30 @@ def plot_convergence(
         if spans is None and series and lrs:
             run, lr = series[0], lrs[0]
             lr_ax.plot([t for t, _ in lr], [x for _, x in lr], color="grey", lw=1, ls="--")
+            lr_ax.set_ylim(0, 1.05 * max(x for _, x in lr))  # a constant lr is a line, not the axis' whole range
             cut = cut_before_decay(run, lr)
             spans = (window_spans(run[-1][0], crit.window), window_spans(cut[-1][0], crit.window) if cut else None)
     if spans is not None:
         for (a, b), alpha in zip(spans[0], (0.08, 0.16), strict=True):
             ax.axvspan(a, b, color="tab:blue", alpha=alpha, lw=0)
-        if crit.before_decay and spans[1] is not None:
+        if len(tests) == 2 and spans[1] is not None:
             for (a, b), alpha in zip(spans[1], (0.08, 0.16), strict=True):
                 ax.axvspan(a, b, color="tab:orange", alpha=alpha, lw=0)
     ax.set_xlabel("step")
     ax.set_ylabel(f"{crit.metric}, mean over seeds ± 1 SE")
     lr_ax.set_ylabel("learning rate (dashed)", color="grey")
     ax.set_title(
-        "shaded: the halves each test compares (blue: end of the run; orange: cut before the decay)", fontsize=9
+        "shaded: the halves each test compares (blue: end of the run"
+        + ("; orange: cut before the decay)" if len(tests) == 2 else ")"),
+        fontsize=9,
     )
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(len(methods), 5))  # below
 
     x = 0
     ticks, labels = [], []
     for m in methods:
-        for name, key in TESTS:
+        for name, key in tests:
             v = by[m] if key is None else by[m].get(key)
             if v is None or v.get("deltas") is None:
                 continue
@@ -109,7 +122,7 @@ def plot_convergence(
             labels.append(f"{m}\n{name}\n{verdict}" + ("" if need is None else f"; ~{need} seeds"))
             x += 1
     bx.axhline(0, color="black", lw=0.8)
-    bx.set_xticks(ticks, labels, fontsize=7)
+    bx.set_xticks(ticks, labels, fontsize=7, rotation=30 if groups > 4 else 0, ha="right" if groups > 4 else "center")
     bx.set_ylabel(f"δ_s: change of {crit.metric} across the window")
     bx.set_title(
         f"dots: seeds; bar: mean ± {crit.z:g} SE"
@@ -118,8 +131,8 @@ def plot_convergence(
     )
     bx.grid(alpha=0.3, axis="y")
     fig.suptitle(
-        f"convergence: {'met' if record.get('met') else 'not met'} at {record.get('steps')} steps "
-        "(~N seeds: the seeds the SE bound needs at the spread seen so far)",
+        f"convergence: {'met' if record.get('met') else 'not met'} at {record.get('steps')} steps"
+        + ("" if bound is None else " (~N seeds: the seeds the SE bound needs at the spread seen so far)"),
         fontsize=11,
     )
     fig.tight_layout()
