@@ -50,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from klgrad.compare.convergence import metric_series, seeds_for_sd, window_deltas
+from klgrad.compare.convergence import cut_before_decay, metric_series, seeds_for_sd, window_deltas, window_spans
 from klgrad.compare.stats import mean_ci, paired_by_seed, paired_t_p
 from klgrad.plotting import pyplot, save
 from klgrad.trainer import read_jsonl
@@ -310,9 +310,9 @@ def forgetting(rs: list[dict], out: Path) -> dict:
 
 def half_steps(last: int, window: float) -> tuple[int, int]:
     """Integer steps in each half of the last ``window`` of a run logged at steps 1..``last`` (the criterion's
-    halves (N(1 − w), N(1 − w/2)] and (N(1 − w/2), N])."""
-    lo, mid = last * (1 - window), last * (1 - window / 2)
-    return sum(lo < t <= mid for t in range(1, last + 1)), sum(mid < t <= last for t in range(1, last + 1))
+    halves, :func:`klgrad.compare.convergence.window_spans`)."""
+    first, second = window_spans(last, window)
+    return tuple(sum(a < t <= b for t in range(1, last + 1)) for a, b in (first, second))  # type: ignore[return-value]
 
 
 def paired_movement(conv: dict, bound: float) -> dict:
@@ -385,10 +385,11 @@ def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
             ]))  # fmt: skip
         between = float(np.mean([np.var(r["final"]["stepwise_kl_per_prompt"], ddof=1) for r in finals]))
         sig["between"] = max(0.0, between - sig["stepwise"] / samples)
-        lrs = [[(x["step"], x["lr"]) for x in read_jsonl(r["dir"] / "metrics.jsonl") if "lr" in x] for r in finals]
-        lr = lrs[0]
+        records = [read_jsonl(r["dir"] / "metrics.jsonl") for r in finals]
+        series = [metric_series(rec, par.get("metric", "kl/k1")) for rec in records]
+        lr = metric_series(records[0], "lr")  # one schedule for every run of the grid
         top = max(x for _, x in lr)
-        cut = max(t for t, x in lr if x >= top / 2)
+        cut = cut_before_decay(lr, lr)[-1][0]  # where the lr is last at least half its peak, as the criterion cuts
         tests = {}
         for name, rec, last in (("end", v, lr[-1][0]), ("before_decay", v.get("before_decay"), cut)):
             if rec is None or not rec.get("deltas"):
@@ -409,7 +410,6 @@ def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
                 "seeds_needed_stepwise": seeds_for_sd(projected, bound),
                 "seeds_needed_sampling_only": [seeds_for_sd(math.sqrt(x), bound) for x in (var_k1, var_sw)],
             }
-        series = [metric_series(read_jsonl(r["dir"] / "metrics.jsonl"), par.get("metric", "kl/k1")) for r in finals]
         scan = []
         for frac in SCAN:  # the same test at other cut points: is the spread at the registered cut typical?
             h = round(frac * lr[-1][0])

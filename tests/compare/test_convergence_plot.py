@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, converged
-from klgrad.compare.convergence_plot import plot_convergence, seed_mean_band, window_spans
+from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, converged, window_spans
+from klgrad.compare.convergence_plot import plot_convergence, seed_mean_band
 
 
 def test_window_spans_are_the_halves_of_the_last_quarter():

@@ -92,13 +92,19 @@ def logged_densely(series: Series, max_gap: float) -> bool:
     return n > 0 and max(b - a for a, b in itertools.pairwise(steps)) <= max_gap * n + 1e-9
 
 
+def window_spans(last_step: float, window: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The two halves (N(1 − w), N(1 − w/2)] and (N(1 − w/2), N] of the last ``window`` of a run ending at N."""
+    lo, mid = last_step * (1 - window), last_step * (1 - window / 2)
+    return (lo, mid), (mid, last_step)
+
+
 def window_halves(series: Series, window: float) -> tuple[float, float] | None:
-    """(a, b): means of the values over the first and the second half of the last ``window`` of the series,
-    steps t with N(1 − w) < t ≤ N(1 − w/2) and N(1 − w/2) < t ≤ N; None when a half has no value."""
+    """(a, b): means of the values over the first and the second half of the last ``window`` of the series
+    (:func:`window_spans` of its last step N); None when a half has no value."""
     if not series:
         return None
     n = series[-1][0]
-    lo, mid = n * (1 - window), n * (1 - window / 2)
+    (lo, mid), _ = window_spans(n, window)
     first = [x for t, x in series if lo < t <= mid and x is not None]
     second = [x for t, x in series if mid < t <= n and x is not None]
     if not first or not second:

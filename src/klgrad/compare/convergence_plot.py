@@ -7,16 +7,17 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
-from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, Series, cut_before_decay, still_and_resolved
+from klgrad.compare.convergence import (
+    ConvergenceCriterion,
+    MethodRuns,
+    Series,
+    cut_before_decay,
+    still_and_resolved,
+    window_spans,
+)
 from klgrad.plotting import pyplot, save
 
 TESTS = (("end of the run", None), ("cut before the decay", "before_decay"))
-
-
-def window_spans(last_step: float, window: float) -> tuple[tuple[float, float], tuple[float, float]]:
-    """The two halves (N(1 − w), N(1 − w/2)] and (N(1 − w/2), N] of the last ``window`` of a run ending at N."""
-    lo, mid = last_step * (1 - window), last_step * (1 - window / 2)
-    return (lo, mid), (mid, last_step)
 
 
 def seed_mean_band(series: Sequence[Series]) -> tuple[list[int], list[float], list[float]]:
