@@ -10,7 +10,8 @@
 # that commit; REV=none runs this tree unpinned, for a dry run that cannot be merged). One process per seed into
 # WORK/g/seedS (the pinned revision has no --only-methods), k3_as_loss then k2_as_loss (then none for NONE_SEEDS),
 # PARALLEL seeds at once (default 8; not tuned); the pinned revision measures the final metrics on the CPU
-# (3.4–5.5 min a run on this project's 2-core CPU), so a 15-minute lease finishes a few seeds at most. A seed's forgetting (both KLs on the shipped chat prompts,
+# (several minutes a run on this project's 2-core CPU), so a 15-minute lease finishes a few seeds at most.
+# A seed's forgetting (both KLs on the shipped chat prompts,
 # scripts/grid_forgetting.py, on the GPU) is measured right after its runs, while their weights are there. At
 # BUDGET seconds every process still running is stopped; only finished runs (final.json) count.
 # Runs go to memory (/dev/shm) when it has room for one checkpoint per process and some (each is ~1.6 GB), else

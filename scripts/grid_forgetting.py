@@ -10,7 +10,7 @@ tokens). The runs share one reference and one seed, so the reference's responses
 drawn once and only scored against each policy (klgrad.exact.estimators.forgetting_kl). A run that already has
 ``forgetting.json`` is skipped, so the script resumes; a run whose checkpoints are gone (``--no-checkpoints``) is
 reported and skipped. ``scripts/sharpen_report.py`` tables the files it finds.
-Cost: docs/reproduction.md §12 (about 2 min a run for N = 4 on a 2-core CPU, SmolLM2's short answers).
+Cost: docs/reproduction.md §12 (minutes a run for N = 4 on a 2-core CPU with SmolLM2's short answers).
 """
 
 from __future__ import annotations
