@@ -51,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from klgrad.compare.convergence import cut_before_decay, metric_series, seeds_for_sd, window_deltas, window_spans
+from klgrad.compare.design import read_grid, registered_seeds
 from klgrad.compare.stats import mean_ci, paired_by_seed, paired_t_p
 from klgrad.plotting import pyplot, save
 from klgrad.trainer import read_jsonl
@@ -177,14 +178,23 @@ def prediction(rs: list[dict], regime: dict, out: Path) -> dict:
     return result
 
 
-def primary(rs: list[dict], regime: dict, out: Path) -> dict:
+def primary(rs: list[dict], regime: dict, out: Path, registered: int | None = None) -> dict:
     """``primary.png`` / ``primary.json``: the grid's primary metric (``batch_kl_k1``, the training batches'
     sequence k1) of each head, mean and 95% t interval over seeds, against its fixed point on the training prompts
     (a ``klgrad regime --split train``: its mean and bootstrap interval), and the paired k3 − k2 difference against
-    the predicted forward − reverse one."""
-    by = {m: {r["seed"]: r["final"]["batch_kl_k1"] for r in rs if r["method"] == m} for m in PREDICTED}
-    by = {m: v for m, v in by.items() if v}
+    the predicted forward − reverse one. ``registered``: a grid whose seed count was amended is drawn and tested on
+    its first ``registered`` seeds (the registered test); the difference on every seed is recorded beside it
+    (``k3_minus_k2_all_seeds``)."""
+
+    def by_method(rows: list[dict]) -> dict[str, dict[int, float]]:
+        by = {m: {r["seed"]: r["final"]["batch_kl_k1"] for r in rows if r["method"] == m} for m in PREDICTED}
+        return {m: v for m, v in by.items() if v}
+
+    every = by_method(rs)
+    by = by_method([r for r in rs if registered is None or r["seed"] < registered])
     result: dict = {"heads": {}, "prompts": regime["n_prompts"], "samples_per_prompt": regime["samples_per_prompt"]}
+    if registered is not None:
+        result["registered_seeds"] = registered
     fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 4.2), gridspec_kw={"width_ratios": [2, 1]})
     for i, (m, vals) in enumerate(by.items()):
         side = PREDICTED[m].removeprefix("kl_")  # "reverse" (π*) or "forward" (π_f)
@@ -212,6 +222,8 @@ def primary(rs: list[dict], regime: dict, out: Path) -> dict:
             "measured": d,
             "p_vs_predicted": paired_t_p(diffs, shift=want),  # two-sided paired t of "the difference is the prediction"
         }
+        if every != by:
+            result["k3_minus_k2_all_seeds"] = paired_by_seed(every["k3_as_loss"], every["k2_as_loss"])
         right.errorbar([0], [want], yerr=[[want - wlo], [whi - want]], fmt="s", color="#777777", capsize=5)
         right.errorbar([1], [d["mean"]], yerr=[[d["mean"] - d["ci"][0]], [d["ci"][1] - d["mean"]]], fmt="o",
                        color="black", capsize=5)  # fmt: skip
@@ -509,7 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         done = [r for r in rs if "downstream" in r["final"]]
         opt = {f"{r['method']}/seed{r['seed']}": kl_to_optimum(r, regime, regime["beta"]) for r in done}
         (out / "optimum.json").write_text(json.dumps(opt, indent=1))
-    prim = primary(rs, json.loads(args.train_regime.read_text()), out) if args.train_regime else {}
+    record = read_grid(args.grid) or {}
+    registered = registered_seeds(record) if record.get("amendments") else None
+    prim = primary(rs, json.loads(args.train_regime.read_text()), out, registered) if args.train_regime else {}
     down = downstream(rs, out)
     forgot = forgetting(rs, out)
     noise = window_noise(rs, args.grid, out)

@@ -303,6 +303,16 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         "summarise; trains nothing",
     )
     g.add_argument(
+        "--amend-seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="declare that the grid in --out (with a primary hypothesis) runs N seeds, before any seed past its "
+        "registered count runs; recorded in grid.json with --reason; the primary stays decided on the registered "
+        "seeds. Trains nothing",
+    )
+    g.add_argument("--reason", default="", metavar="TEXT", help="why --amend-seeds changes the seed count")
+    g.add_argument(
         "--primary",
         default=None,
         metavar="CLAIM",
@@ -401,6 +411,8 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
         return exec_pinned(args)
     if args.merge:
         return cmd_merge(args)
+    if args.amend_seeds is not None:
+        return cmd_amend(args)
     methods = tuple(args.methods.split(",")) if args.methods else METHODS
     bad = [m for m in methods if m not in METHODS and ":" not in m and not is_preset_id(m)]
     why = None
@@ -480,6 +492,22 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
 
     _console().print(summary_markdown(summary))
     print(f"wrote {args.out}/grid.json, comparison.png, frontier.png, summary.json, summary.md, runs/")
+    return 0
+
+
+def cmd_amend(args: argparse.Namespace) -> int:
+    """``klgrad compare --out DIR --amend-seeds N --reason TEXT`` (:func:`klgrad.compare.grid.amend_grid`)."""
+    from klgrad.compare.grid import amend_grid
+    from klgrad.runlock import RunLockedError
+
+    try:
+        record = amend_grid(Path(args.out), args.amend_seeds, args.reason)
+    except (ValueError, RunLockedError) as e:
+        print(f"klgrad compare: {e}", file=sys.stderr)
+        return 2
+    a = record["amendments"][-1]
+    started = a["seeds_started"]
+    print(f"amended {args.out}/grid.json: seeds {a['seeds_from']} -> {a['seeds_to']} (seeds started: {started})")
     return 0
 
 

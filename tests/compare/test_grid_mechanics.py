@@ -18,8 +18,9 @@ import pytest
 from klgrad.cli import main, parse_seed_list
 from klgrad.compare.claims import Claim, parse_claim
 from klgrad.compare.convergence import ConvergenceCriterion, converged, logged_densely, lr_decays, window_halves
-from klgrad.compare.design import GridMismatchError, settle_design
-from klgrad.compare.grid import PREDICTIONS, check_logged, prediction_tests, summarize
+from klgrad.compare.design import GridMismatchError, allowed_seeds, amend_seeds, registered_seeds, settle_design
+from klgrad.compare.grid import PREDICTIONS, amended_primary, check_logged, prediction_tests, summarize
+from klgrad.compare.merge import check_mergeable
 from klgrad.compare.provenance import (
     PIN_DIR_ENV,
     PIN_ENV,
@@ -273,9 +274,11 @@ def test_a_pinned_grid_refuses_a_dirty_tree_unless_allowed():
 
 def test_a_continuation_may_extend_and_add_seeds_but_not_change_the_design():
     old = settle_design(None, record(primary=parse_claim("k2_as_loss<k3_as_loss").as_dict()), has_runs=False)
+    old = amend_seeds(old, 8, "more seeds", [0, 1], "abc", "2026-11-27T00:00:00+00:00")  # a primary: declared
     longer = settle_design(old, record(steps=20, seeds=8, methods=["k2_as_loss", "none"]), has_runs=True)
     assert longer["steps"] == 20
     assert longer["seeds"] == 8
+    assert longer["amendments"] == old["amendments"]  # kept by every continuation
     assert longer["methods"] == ["k2_as_loss", "k3_as_loss", "none"]
     assert longer["primary"] == old["primary"]  # omitted: the record's
     assert len(longer["sessions"]) == 2
@@ -286,6 +289,124 @@ def test_a_continuation_may_extend_and_add_seeds_but_not_change_the_design():
             settle_design(old, record(**{field: value}), has_runs=True)
     with pytest.raises(GridMismatchError, match="records primary"):
         settle_design(old, record(primary=parse_claim("k3_as_loss<k2_as_loss").as_dict()), has_runs=True)
+
+
+AT = ("2026-11-27T00:00:00+00:00", "2026-11-28T00:00:00+00:00")
+
+
+def test_seeds_past_the_registered_count_of_a_primary_grid_need_an_amendment_declared_before_they_run():
+    stated = parse_claim("k2_as_loss<k3_as_loss").as_dict()
+    old = settle_design(None, record(primary=stated), has_runs=False)  # 4 seeds registered
+    with pytest.raises(GridMismatchError, match=r"registered with 4 seeds .* --amend-seeds 8 --reason"):
+        settle_design(old, record(seeds=8), has_runs=True)
+    assert settle_design(old, record(seeds=8), has_runs=False)["seeds"] == 8  # before any run the design may change
+    free = settle_design(None, record(), has_runs=False)  # no primary: seeds are added freely
+    assert settle_design(free, record(seeds=8), has_runs=True)["seeds"] == 8
+    assert "amendments" not in settle_design(free, record(seeds=8), has_runs=True)  # nothing added to a plain grid
+
+    once = amend_seeds(old, 8, " the se bound needs more seeds ", [0, 1, 2], "def", AT[0])
+    assert once["seeds"] == 8
+    assert once["amendments"] == [
+        {"at": AT[0], "revision": "def", "seeds_from": 4, "seeds_to": 8, "seeds_started": [0, 1, 2],
+         "reason": "the se bound needs more seeds"}
+    ]  # fmt: skip
+    assert settle_design(once, record(seeds=8), has_runs=True)["seeds"] == 8
+    with pytest.raises(GridMismatchError, match="registered with 8 seeds"):
+        settle_design(once, record(seeds=9), has_runs=True)
+    twice = amend_seeds(once, 12, "again", list(range(8)), "def", AT[1])
+    assert (registered_seeds(twice), allowed_seeds(twice)) == (4, 12)  # the verdict's seeds stay the first count
+    assert (registered_seeds(old), allowed_seeds(old)) == (4, 4)
+
+    for bad, match in (
+        (lambda: amend_seeds(free, 8, "why", [], "d", AT[0]), "no primary hypothesis"),
+        (lambda: amend_seeds(old, 8, "  ", [], "d", AT[0]), "--reason"),
+        (lambda: amend_seeds(once, 8, "why", [], "d", AT[0]), "already has 8 seeds"),
+        (lambda: amend_seeds(old, 8, "why", [0, 5], "d", AT[0]), r"seeds \[5\] .* must be declared before they run"),
+    ):
+        with pytest.raises(GridMismatchError, match=match):
+            bad()
+
+
+def test_a_merge_of_a_primary_grid_keeps_its_seed_count_unless_amended(tmp_path):
+    import json
+
+    from klgrad.compare.design import write_json
+    from klgrad.compare.merge import merge_grids
+
+    stated = parse_claim("k2_as_loss<k3_as_loss").as_dict()
+    crit = ConvergenceCriterion().as_dict()
+    registered = settle_design(None, record(primary=stated, convergence=crit), has_runs=False)
+    more = settle_design(None, record(primary=stated, seeds=8, convergence=crit), has_runs=False)  # --seeds 8
+    with pytest.raises(GridMismatchError, match=r"b records 8 seeds; .* may have 4: declare the amendment"):
+        check_mergeable([(Path("a"), registered), (Path("b"), more)])
+    amended = amend_seeds(registered, 8, "why", [0], "d", AT[0])
+    check_mergeable([(Path("a"), amended), (Path("b"), more)])  # the amendment in either record allows it
+    check_mergeable([(Path("b"), more), (Path("a"), amended)])
+    for name, rec in (("a", amended), ("b", more)):
+        (tmp_path / name).mkdir()
+        write_json(tmp_path / name / "grid.json", {k: v for k, v in rec.items() if k != "session"})
+    merge_grids([tmp_path / "b"], tmp_path / "a")  # into the amended grid: its amendment is kept
+    assert json.loads((tmp_path / "a" / "grid.json").read_text())["amendments"] == amended["amendments"]
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["amendments"] == amended["amendments"]
+    plain = [(Path(x), settle_design(None, record(seeds=n), has_runs=False)) for x, n in (("a", 4), ("b", 8))]
+    check_mergeable(plain)  # no primary: seeds merge freely
+
+
+def test_an_amended_grid_decides_its_primary_on_the_registered_seeds_and_reports_every_seed_beside_it():
+    methods = ("none", "k2_as_loss", "k3_as_loss")
+    results = _grid_results(seeds=8)
+    for r in results:  # seeds 6 and 7 reverse the ordering: the all-seed test differs from the registered one
+        if r["seed"] >= 6 and r["method"] == "k3_as_loss":
+            r["exact_kl"] -= 0.9
+    claim = parse_claim("k2_as_loss<k3_as_loss:kl")
+    rec = amend_seeds(
+        record(primary=claim.as_dict(), seeds=6, methods=list(methods)), 8, "why", list(range(6)), "d", AT[0]
+    )
+    summary = summarize(results, methods, (0.5,), "sequence", 10, 8, primary=claim)
+    out = amended_primary(summary, results, rec)
+    alone = summarize([r for r in results if r["seed"] < 6], methods, (0.5,), "sequence", 10, 6, primary=claim)
+    assert out["registered_seeds"] == 6
+    assert out["amendments"] == rec["amendments"]
+    assert out["primary"] == alone["primary"]  # exactly the registered test
+    assert out["primary"]["n_pairs"] == 6
+    assert out["primary"]["verdict"] == "supported"
+    assert out["primary_all_seeds"]["n_pairs"] == 8
+    assert out["primary_all_seeds"]["mean_difference"] == summary["primary"]["mean_difference"]
+    assert out["primary_all_seeds"]["family"].startswith("every seed")
+    before = amended_primary(alone, [r for r in results if r["seed"] < 6], rec)  # no added seed finished yet
+    assert before == {"amendments": rec["amendments"], "registered_seeds": 6}
+    from klgrad.compare.grid import summary_markdown
+
+    md = summary_markdown({**summary, **out})
+    assert "| registered seeds | k2_as_loss ends below k3_as_loss on kl |" in md
+    assert "| every seed (not the verdict) |" in md
+    assert "seeds 6 → 8, declared when seeds 0, 1, 2, 3, 4, 5 had started. why" in md
+
+
+def test_amend_seeds_on_the_command_line_records_the_amendment_or_refuses_with_exit_2(tmp_path):
+    import json
+
+    from klgrad.compare.design import write_json
+
+    out = tmp_path / "g"
+    (out / "runs" / "k2_as_loss-beta0.5-seed1").mkdir(parents=True)
+    (out / "runs" / "k3_as_loss-beta0.5-seed3").mkdir()
+    (out / "runs" / "unrelated-seed9").mkdir()
+    rec = settle_design(None, record(primary=parse_claim("k2_as_loss<k3_as_loss").as_dict()), has_runs=False)
+    write_json(out / "grid.json", {k: v for k, v in rec.items() if k != "session"} | {"convergence": None})
+    rec = json.loads((out / "grid.json").read_text())
+    rec["convergence"] = ConvergenceCriterion().as_dict()
+    write_json(out / "grid.json", rec)
+    assert main(["compare", "--out", str(out), "--amend-seeds", "8"]) == 2  # no reason
+    assert main(["compare", "--out", str(out), "--amend-seeds", "8", "--reason", "the se bound"]) == 0
+    grid = json.loads((out / "grid.json").read_text())
+    assert grid["seeds"] == 8
+    assert grid["amendments"][0] | {"at": None, "revision": None} == {
+        "at": None, "revision": None, "seeds_from": 4, "seeds_to": 8, "seeds_started": [1, 3], "reason": "the se bound"
+    }  # fmt: skip
+    assert json.loads((out / "summary.json").read_text())["amendments"] == grid["amendments"]
+    assert main(["compare", "--out", str(out), "--amend-seeds", "8", "--reason", "x"]) == 2  # nothing to add
+    assert main(["compare", "--out", str(tmp_path / "none"), "--amend-seeds", "8", "--reason", "x"]) == 2
 
 
 def test_a_primary_hypothesis_cannot_be_added_once_runs_exist():

@@ -124,6 +124,15 @@ def test_the_primary_metric_against_the_training_prompts_fixed_points(tmp_path):
     assert math.isclose(got["k3_minus_k2"]["p_vs_predicted"], 1 - t / math.sqrt(t**2 + 2), rel_tol=1e-9)
     assert (tmp_path / "primary.png").stat().st_size > 0
     assert json.loads((tmp_path / "primary.json").read_text()) == json.loads(json.dumps(got))
+    assert "k3_minus_k2_all_seeds" not in got
+    assert "registered_seeds" not in got
+    # an amended grid registered with 2 seeds: the test is the first two seeds', every seed's is recorded beside it
+    amended = report.primary(report.runs(tmp_path), train, tmp_path, registered=2)
+    assert amended["registered_seeds"] == 2
+    assert amended["k3_minus_k2"]["measured"]["n"] == 2
+    assert math.isclose(amended["k3_minus_k2"]["measured"]["mean"], sum(k3_offsets[:2]) / 2, abs_tol=1e-12)
+    assert amended["k3_minus_k2_all_seeds"] == d
+    assert amended["heads"]["k2_as_loss"]["seeds"] == 2
 
 
 def test_without_a_regime_the_per_run_and_downstream_tables_are_written(tmp_path):

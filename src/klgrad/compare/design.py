@@ -14,6 +14,12 @@ betas, overrides, margin, final-KL sizes, primary hypothesis and convergence cri
 (every run is then extended), seeds and methods may be added. A primary hypothesis or criterion not given is taken
 from the record; a primary hypothesis cannot be added once a run exists (it would not be pre-registered). Before
 any run exists only the revision is checked.
+
+A grid with a primary hypothesis and runs takes more seeds than it was registered with only after an amendment
+(:func:`amend_seeds`, ``klgrad compare --out DIR --amend-seeds N --reason TEXT``), recorded in ``amendments`` with
+its time, the seeds that had started and why, and declared before any seed past the registered count has run: the
+primary hypothesis stays decided on the registered seeds (:func:`registered_seeds`), so adding seeds cannot be a
+second look at it.
 """
 
 from __future__ import annotations
@@ -94,6 +100,59 @@ def check_revision(old: dict, new: dict, what: str) -> None:
         )
 
 
+def registered_seeds(record: dict) -> int:
+    """The seed count a grid was registered with: ``seeds`` before its first amendment (the primary hypothesis is
+    decided on seeds ``0 .. registered_seeds - 1``)."""
+    amendments = record.get("amendments") or []
+    return amendments[0]["seeds_from"] if amendments else record["seeds"]
+
+
+def allowed_seeds(record: dict) -> int:
+    """The most seeds a grid may have: its last amendment's ``seeds_to``, else its recorded ``seeds``."""
+    amendments = record.get("amendments") or []
+    return amendments[-1]["seeds_to"] if amendments else record["seeds"]
+
+
+def amend_seeds(record: dict, seeds: int, reason: str, started: list[int], revision: str, at: str) -> dict:
+    """``record`` with the amendment "the grid runs ``seeds`` seeds" appended to its ``amendments`` (``at``: when;
+    ``revision``: the klgrad that declared it; ``started``: the seeds with a run in the grid folder now).
+
+    Refused (:class:`GridMismatchError`) for a grid without a primary hypothesis (it adds seeds with ``--seeds``),
+    without a reason, with no more seeds than it may already have, or once a seed past that count has started:
+    the amendment is declared before the seeds it adds."""
+    if record.get("primary") is None:
+        raise GridMismatchError("the grid has no primary hypothesis: add seeds with --seeds, no amendment is needed")
+    if not reason.strip():
+        raise GridMismatchError("--reason: an amendment states why the seed count changes")
+    now_allowed = allowed_seeds(record)
+    if seeds <= now_allowed:
+        raise GridMismatchError(f"--amend-seeds {seeds}: the grid already has {now_allowed} seeds")
+    late = sorted(s for s in started if s >= now_allowed)
+    if late:
+        raise GridMismatchError(
+            f"seeds {late} (past the {now_allowed} the grid may have) have run already: an amendment adding seeds "
+            "must be declared before they run"
+        )
+    entry = {
+        "at": at,
+        "revision": revision,
+        "seeds_from": now_allowed,
+        "seeds_to": seeds,
+        "seeds_started": sorted(started),
+        "reason": reason.strip(),
+    }
+    return {**record, "seeds": seeds, "amendments": [*(record.get("amendments") or []), entry]}
+
+
+def check_seed_count(record: dict, seeds: int, has_runs: bool, where: str) -> None:
+    """Refuse ``seeds`` past what a grid with a primary hypothesis and runs may have (:func:`allowed_seeds`)."""
+    if has_runs and record.get("primary") is not None and seeds > allowed_seeds(record):
+        raise GridMismatchError(
+            f"{where} was registered with {allowed_seeds(record)} seeds and a primary hypothesis; {seeds} seeds "
+            f"need an amendment declared first: klgrad compare --out {where} --amend-seeds {seeds} --reason TEXT"
+        )
+
+
 def settle_design(
     old: dict | None, new: dict, has_runs: bool, where: str = "the grid", allow_dirty: bool = False
 ) -> dict:
@@ -120,6 +179,7 @@ def settle_design(
     for k in FIXED_FIELDS if has_runs else ():  # before any run the design may still change
         if old.get(k) != new.get(k):
             raise GridMismatchError(f"{where} records {k} = {old.get(k)!r}; this invocation has {new.get(k)!r}")
+    check_seed_count(old, new["seeds"], has_runs, where)
     if new["steps"] < old["steps"]:
         raise GridMismatchError(
             f"{where} records {old['steps']} steps; --steps {new['steps']} would shorten it (only extension is allowed)"
@@ -130,6 +190,7 @@ def settle_design(
         "revision": old["revision"],  # the grid's; each session's own is in "sessions"
         "methods": methods,
         "seeds": max(old["seeds"], new["seeds"]),
+        **({"amendments": old["amendments"]} if old.get("amendments") else {}),
         "created": old.get("created", new["created"]),
         "sessions": [*old.get("sessions", []), new["session"]],
     }

@@ -38,7 +38,16 @@ from klgrad.compare.beta_scale import BetaScale, beta_row, parse_beta_scale, set
 from klgrad.compare.claims import Claim, parse_claim, same_claim
 from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, converged, metric_series
 from klgrad.compare.convergence_plot import plot_convergence
-from klgrad.compare.design import GRID_FILE, now, read_grid, settle_design, shared_config, write_json
+from klgrad.compare.design import (
+    GRID_FILE,
+    amend_seeds,
+    now,
+    read_grid,
+    registered_seeds,
+    settle_design,
+    shared_config,
+    write_json,
+)
 from klgrad.compare.provenance import Revision, check_pinned, machine_label, machine_record, source_revision
 from klgrad.compare.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
 from klgrad.config import Config, load_config, to_dict
@@ -446,6 +455,8 @@ def write_summary(out_dir: Path, record: dict) -> dict:
         temperature=temperature,
         primary=claim_of(record),
     )
+    if record.get("amendments"):
+        summary.update(amended_primary(summary, results, record))
     series = convergence_series(out_dir, record, results)
     summary["convergence"] = grid_convergence(series, record)
     summary["revision"] = record["revision"]["revision"]
@@ -464,6 +475,27 @@ def write_summary(out_dir: Path, record: dict) -> dict:
             crit = ConvergenceCriterion(**record["convergence"])
             plot_convergence(series, summary["convergence"], crit, out_dir / "convergence.png", COLORS)
     return summary
+
+
+def amended_primary(summary: dict, results: list[dict], record: dict) -> dict:
+    """For a grid whose seed count was amended (:func:`klgrad.compare.design.amend_seeds`): its ``amendments``, the
+    ``primary`` hypothesis decided on the registered seeds only (the registered test) and, as ``primary_all_seeds``,
+    the same test on every seed (reported, not the verdict: it saw the seeds added after the registration), once an
+    added seed has finished."""
+    out: dict = {"amendments": record["amendments"], "registered_seeds": registered_seeds(record)}
+    claim = claim_of(record)
+    if claim is None or "primary" not in summary:
+        return out
+    registered = [r for r in results if r["seed"] < out["registered_seeds"]]
+    if len(registered) == len(results):  # no added seed has finished: the summary's primary is the registered test
+        return out
+    b, margin = record["betas"][0], record["margin"]
+    out["primary"] = primary_result(registered, claim, b, summary["kl_metric"], margin)
+    out["primary_all_seeds"] = {
+        **primary_result(results, claim, b, summary["kl_metric"], margin),
+        "family": "every seed, after the amendments (reported; the verdict is the registered seeds')",
+    }
+    return out
 
 
 def effective_betas(record: dict, results: list[dict]) -> dict[str, float]:
@@ -691,6 +723,38 @@ def run_compare(
             )
         bar.close()
         return write_summary(out_dir, record)
+
+
+def started_seeds(out_dir: Path, record: dict) -> list[int]:
+    """The seeds with a run folder of the grid's methods and βs in ``out_dir/runs`` (finished or not)."""
+    prefixes = [run_name(m, b, 0)[:-1] for b in record["betas"] for m in record["methods"]]
+    runs = out_dir / "runs"
+    found = set()
+    for d in runs.iterdir() if runs.is_dir() else ():
+        for pre in prefixes:
+            tail = d.name[len(pre) :]
+            if d.is_dir() and d.name.startswith(pre) and tail.isdigit():
+                found.add(int(tail))
+    return sorted(found)
+
+
+def amend_grid(out_dir: Path, seeds: int, reason: str, revision: Revision | None = None) -> dict:
+    """Declare that the grid in ``out_dir`` runs ``seeds`` seeds (:func:`klgrad.compare.design.amend_seeds`):
+    grid.json gains the amendment, and summary.json (rewritten from the finished runs, or the registration when
+    there are none yet) records it. Trains nothing; returns the new record."""
+    with run_lock(out_dir):
+        record = read_grid(out_dir)
+        if record is None:
+            raise ValueError(f"{out_dir} holds no {GRID_FILE}: not a klgrad compare grid")
+        started = started_seeds(out_dir, record)
+        name = (revision or source_revision()).name
+        record = amend_seeds(record, seeds, reason, started, name, now())
+        write_json(out_dir / GRID_FILE, record)
+        if collect_results(out_dir, record):
+            write_summary(out_dir, record)
+        else:
+            write_json(out_dir / "summary.json", {**registration(record), "amendments": record["amendments"]})
+    return record
 
 
 def paired_values(results: list[dict], a: str, b: str, beta: float, key: str) -> tuple[list[float], list[float]]:
@@ -961,16 +1025,39 @@ def primary_markdown(summary: dict) -> list[str]:
         "",
     ]
     if "p_adjusted" not in p:
-        return [*lines, f"**{p['verdict']}**.", ""]
-    lo, hi = p["ci95"]
-    return [
-        *lines,
-        "| claim | metric | mean d [95% CI] | d < 0 in | paired p | sign-flip p | verdict |",
-        "|---|---|---|---|---|---|---|",
-        f"| {p['claim']} | {p['metric']} | {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
-        f"{p['n_negative']}/{p['n_pairs']} | {p['p_adjusted']:.3g} | {p['p_sign_flip']:.3g} | **{p['verdict']}** |",
+        return [*lines, f"**{p['verdict']}**.", "", *amendments_markdown(summary)]
+    rows = [("registered seeds" if "primary_all_seeds" in summary else "", p)]
+    if "p_adjusted" in summary.get("primary_all_seeds", {}):
+        rows.append(("every seed (not the verdict)", summary["primary_all_seeds"]))
+    table = [
+        "| seeds | claim | metric | mean d [95% CI] | d < 0 in | paired p | sign-flip p | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, q in rows:
+        lo, hi = q["ci95"]
+        table.append(
+            f"| {label or 'all'} | {q['claim']} | {q['metric']} | {q['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+            f"{q['n_negative']}/{q['n_pairs']} | {q['p_adjusted']:.3g} | {q['p_sign_flip']:.3g} | **{q['verdict']}** |"
+        )
+    return [*lines, *table, "", *amendments_markdown(summary)]
+
+
+def amendments_markdown(summary: dict) -> list[str]:
+    """The grid's seed-count amendments (when, from how many seeds to how many, which had started, why)."""
+    amendments = summary.get("amendments") or []
+    if not amendments:
+        return []
+    lines = [
+        f"**Amendments** (the primary hypothesis is decided on the {summary['registered_seeds']} registered seeds):",
         "",
     ]
+    for a in amendments:
+        started = ", ".join(str(s) for s in a["seeds_started"]) or "none"
+        lines.append(
+            f"- {a['at']} (klgrad {a['revision']}): seeds {a['seeds_from']} → {a['seeds_to']}, declared when seeds "
+            f"{started} had started. {a['reason']}"
+        )
+    return [*lines, ""]
 
 
 def convergence_markdown(summary: dict) -> list[str]:

@@ -8,6 +8,10 @@ present) into ``OUT/runs`` without its checkpoints, and writes OUT's grid.json (
 and seeds, every input's sessions and a ``merged_from`` list naming each input and the machines its runs were
 trained on) and the summary of all runs. A run present in two inputs must have the same final.json in both; an
 unfinished run is left out and listed. Nothing is trained.
+
+A grid with a primary hypothesis keeps its seed count: inputs with more seeds than the others merge only when one
+of the records holds an amendment allowing them (:func:`klgrad.compare.design.amend_seeds`); every record's
+amendments are kept.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from klgrad.compare.design import (
     FIXED_FIELDS,
     GRID_FILE,
     GridMismatchError,
+    allowed_seeds,
     now,
     read_grid,
     write_json,
@@ -42,6 +47,20 @@ def check_mergeable(records: list[tuple[Path, dict]]) -> None:
         for k in (*FIXED_FIELDS, "steps"):
             if first.get(k) != r.get(k):
                 raise GridMismatchError(f"{d} records {k} = {r.get(k)!r}; {first_dir} records {first.get(k)!r}")
+    if first.get("primary") is None:
+        return
+    allowed = allowed_seeds({"seeds": min(r["seeds"] for _, r in records), "amendments": merged_amendments(records)})
+    for d, r in records:
+        if r["seeds"] > allowed:
+            raise GridMismatchError(
+                f"{d} records {r['seeds']} seeds; the grid has a primary hypothesis and may have {allowed}: declare "
+                f"the amendment first (klgrad compare --out OUT --amend-seeds {r['seeds']} --reason TEXT)"
+            )
+
+
+def merged_amendments(records: list[tuple[Path, dict]]) -> list[dict]:
+    """Every record's seed-count amendments, each once, in the order they were declared."""
+    return sorted(once([a for _, r in records for a in r.get("amendments") or []]), key=lambda a: a["at"])
 
 
 def same_file(a: Path, b: Path) -> bool:
@@ -97,11 +116,12 @@ def merge_grids(inputs: list[Path], out_dir: Path) -> dict:
         for _, r in records:
             methods += [m for m in r["methods"] if m not in methods]
         record = {
-            **{k: v for k, v in first.items() if k not in ("sessions", "merged_from")},
+            **{k: v for k, v in first.items() if k not in ("sessions", "merged_from", "amendments")},
             "methods": methods,
             "seeds": max(r["seeds"] for _, r in records),
             "created": min(r.get("created", now()) for _, r in records),
             "pinned": all(r.get("pinned") for _, r in records),
+            **({"amendments": merged_amendments(records)} if merged_amendments(records) else {}),
             "sessions": once([s for _, r in records for s in r.get("sessions", [])]),
             "merged_from": [
                 *(existing or {}).get("merged_from", []),
