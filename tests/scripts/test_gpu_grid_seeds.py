@@ -64,13 +64,13 @@ def _stand_ins(bin_dir: Path, log: Path) -> None:
         f.chmod(0o755)
 
 
-def test_the_queue_runs_each_seed_once_then_its_forgetting_at_most_parallel_at_a_time(tmp_path):
+def test_the_queue_runs_each_seed_once_then_a_registered_seeds_forgetting_at_most_parallel_at_a_time(tmp_path):
     log = tmp_path / "calls.log"
     _stand_ins(tmp_path / "bin", log)
     env = {
         **os.environ,
         "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-        "SEEDS": "0 1 2",
+        "SEEDS": "0 1 16",
         "NONE_SEEDS": "1",
         "PARALLEL": "2",
         "BUDGET": "60",
@@ -82,15 +82,14 @@ def test_the_queue_runs_each_seed_once_then_its_forgetting_at_most_parallel_at_a
     lines = log.read_text().splitlines()
     compares = [ln for ln in lines if "klgrad compare" in ln]
     assert len(compares) == 3
-    for s in (0, 1, 2):
+    for s in (0, 1, 16):
         mine = [ln for ln in compares if f"--only-seeds {s} " in ln]
         assert len(mine) == 1
         assert f"--out {tmp_path / 'work' / 'g' / f'seed{s}'} " in mine[0]
         assert "--pin c798603" in mine[0]
         assert ("--methods k3_as_loss,k2_as_loss,none " in mine[0]) == (s == 1)
-        assert f"scripts/grid_forgetting.py {tmp_path / 'work' / 'g' / f'seed{s}'} --samples 4 --device cuda" in (
-            log.read_text()
-        )
+        forgetting = f"scripts/grid_forgetting.py {tmp_path / 'work' / 'g' / f'seed{s}'} --samples 4 --device cuda"
+        assert (forgetting in log.read_text()) == (s < 16)  # measured on the registered seeds only
     live: set[str] = set()  # pids of the compares running, in the log's order of events
     most = 0
     for ln in lines:

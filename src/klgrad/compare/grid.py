@@ -1026,7 +1026,7 @@ def primary_markdown(summary: dict) -> list[str]:
     ]
     if "p_adjusted" not in p:
         return [*lines, f"**{p['verdict']}**.", "", *amendments_markdown(summary)]
-    rows = [("registered seeds" if "primary_all_seeds" in summary else "", p)]
+    rows = [("registered seeds" if summary.get("amendments") else "all", p)]
     if "p_adjusted" in summary.get("primary_all_seeds", {}):
         rows.append(("every seed (not the verdict)", summary["primary_all_seeds"]))
     table = [
@@ -1036,7 +1036,7 @@ def primary_markdown(summary: dict) -> list[str]:
     for label, q in rows:
         lo, hi = q["ci95"]
         table.append(
-            f"| {label or 'all'} | {q['claim']} | {q['metric']} | {q['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+            f"| {label} | {q['claim']} | {q['metric']} | {q['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
             f"{q['n_negative']}/{q['n_pairs']} | {q['p_adjusted']:.3g} | {q['p_sign_flip']:.3g} | **{q['verdict']}** |"
         )
     return [*lines, *table, "", *amendments_markdown(summary)]
