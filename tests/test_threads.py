@@ -15,8 +15,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from klgrad.config import ConfigError, load_config
-from klgrad.threads import CpuShare, choose_threads, machine_busy_seconds, process_seconds, usable_cores
+from klgrad.threads import (
+    CpuShare,
+    choose_threads,
+    machine_busy_seconds,
+    process_seconds,
+    registry_dir,
+    thread_setting,
+    usable_cores,
+)
 from klgrad.trainer import read_jsonl, train
+from klgrad.trainer.loop import cpu_threads
 from tests.helpers.tiny_runs import small
 
 LINUX = Path("/proc/stat").exists()
@@ -161,3 +170,46 @@ def test_auto_threads_are_recorded_and_given_back(tmp_path):
         ] == [1]
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not LINUX, reason="reads /proc")
+def test_work_outside_training_takes_its_share_beside_a_training_process(tmp_path, monkeypatch):
+    """``cpu_threads("auto")`` (an evaluation, a grid's final metrics, forgetting) registers this process as a
+    klgrad process for its duration, so it and a registered peer (a training run) split the cores; a fixed N is
+    used as given; torch's count is given back either way, and None leaves it alone."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a registry of this test's own
+    registry = registry_dir()
+    registry.mkdir(parents=True)
+    before = torch.get_num_threads()
+    peer = subprocess.Popen([sys.executable, "-c", PEER, str(registry)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer.stdout.readline().strip() == "registered"
+        with cpu_threads("auto") as cpu:
+            assert cpu.klgrad_pids() == sorted([os.getpid(), peer.pid])
+            assert (registry / str(os.getpid())).is_file()
+            assert torch.get_num_threads() == choose_threads(usable_cores(), 0.0, 2)  # no load known yet: the split
+        assert not (registry / str(os.getpid())).exists()
+        assert torch.get_num_threads() == before
+        with cpu_threads(1) as none:
+            assert none is None
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == before
+        with cpu_threads(None):
+            assert torch.get_num_threads() == before
+            assert not (registry / str(os.getpid())).exists()
+    finally:
+        peer.kill()
+        peer.wait()
+        torch.set_num_threads(before)
+
+
+def test_thread_setting_reads_auto_or_a_whole_number():
+    import argparse
+
+    assert thread_setting("auto") == "auto"
+    assert thread_setting("3") == 3
+    for bad in ("0", "-1", "two", "1.5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected auto or a whole number >= 1"):
+            thread_setting(bad)

@@ -18,6 +18,7 @@ from klgrad import __version__
 from klgrad.choices import ACCURACY_REWARDS, AUDIT_DTYPES, ENGINES, FRAMEWORKS, MODEL_DTYPES
 from klgrad.completion import SHELLS, completion_script
 from klgrad.reproduce.targets import TARGETS
+from klgrad.threads import thread_setting
 
 
 def _console():
@@ -690,6 +691,14 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         help="correctness: accuracy (Math-Verify, default) or final_number (Math-Verify on the last number written, "
         "as the chat arithmetic tasks train)",
     )
+    e.add_argument(
+        "--threads",
+        type=thread_setting,
+        default="auto",
+        metavar="auto|N",
+        help="CPU threads: auto (default) = this process's share of the cores beside other klgrad processes "
+        "(a training run beside it), as train.threads: auto; N = N",
+    )
     e.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
     e.set_defaults(func=cmd_eval)
 
@@ -700,6 +709,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from klgrad.eval.report import print_table, write_outputs
     from klgrad.eval.run import EvalSettings, evaluate_all, resolve_eval_device
     from klgrad.runlock import run_lock
+    from klgrad.trainer.loop import cpu_threads
 
     try:  # every argument, file and model folder checked before any sampling
         settings = EvalSettings(
@@ -730,7 +740,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     out = Path(args.out)
     total = len(sources) * sum(len(b.examples) for b in benchmarks)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with run_lock(out), Progress(*columns, console=console, transient=True) as progress:
+    with run_lock(out), cpu_threads(args.threads), Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task("loading", total=total)
         try:
             results = evaluate_all(

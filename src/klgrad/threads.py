@@ -29,6 +29,7 @@ A leaf module: no klgrad or torch import; the trainer applies the number with ``
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import tempfile
@@ -38,6 +39,16 @@ from pathlib import Path
 
 BUSY_CORE = 0.5
 """Another process's load rounds to whole cores: ≥ 0.5 of a core busy takes that core from klgrad."""
+
+
+def thread_setting(text: str) -> int | str:
+    """A ``--threads`` flag's value (an argparse ``type``): ``"auto"``, or a whole number >= 1 as an int;
+    :class:`argparse.ArgumentTypeError` otherwise, which argparse reports against the flag."""
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number >= 1, got {text!r}")
+    return int(text)
 
 
 def choose_threads(cores: int, other_busy: float, klgrad_processes: int) -> int:

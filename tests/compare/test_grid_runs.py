@@ -218,3 +218,33 @@ def test_a_run_stops_on_its_stated_criterion(tmp_path):
     s = train(small(tmp_path / "b", **{"train.stop_when": "eval/greedy_accuracy >= 0"}), progress=False)
     assert s["steps"] == 2  # eval metrics exist at evaluation steps (train.eval_every 2)
     assert s["stopped"]["step"] == 2
+
+
+@pytest.mark.slow
+def test_the_final_metrics_and_hooks_run_under_the_runs_thread_rule(tmp_path):
+    """With ``train.threads: auto`` a run's final metrics and hooks run registered as a klgrad process sharing the
+    CPU (klgrad.threads), as its training does, not with every core beside the next run's training; with a fixed
+    N they run with N threads."""
+    import os
+
+    import torch
+
+    from klgrad.threads import registry_dir
+
+    seen = []
+
+    def hook(cfg, run_dir):
+        seen.append(((registry_dir() / str(os.getpid())).is_file(), torch.get_num_threads()))
+        return {}
+
+    before = torch.get_num_threads()
+    try:
+        for threads in ("auto", 1):
+            kw = {**KW, "extra_overrides": {**SMALL, "train.threads": threads}}
+            run_compare(tmp_path / str(threads), seeds=2, only_seeds=[0], steps=1, methods=("k2_as_loss",),
+                        final_hooks={"h": hook}, **kw)  # fmt: skip
+    finally:
+        torch.set_num_threads(before)  # a fixed count stays set after training (the trainer's rule)
+    assert seen[0][0]
+    assert seen[1] == (False, 1)
+    assert not (registry_dir() / str(os.getpid())).exists()

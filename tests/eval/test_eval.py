@@ -130,6 +130,33 @@ def _run_eval(argv: list[str]) -> int:
     return main(["eval", *argv])
 
 
+def test_eval_takes_its_cpu_share_or_the_threads_given(add40, tmp_path, monkeypatch):
+    """``klgrad eval`` beside a training run: it samples registered as a klgrad process (``--threads auto``, the
+    default), so the two split the cores (klgrad.threads), or with ``--threads N``; torch's count is given back;
+    a bad ``--threads`` is refused against the flag."""
+    import os
+
+    import klgrad.eval.run as eval_run
+    from klgrad.threads import registry_dir
+
+    seen = []
+
+    def evaluate_all(*args, **kwargs):
+        seen.append(((registry_dir() / str(os.getpid())).is_file(), torch.get_num_threads()))
+        raise ValueError("stopped by the test")
+
+    monkeypatch.setattr(eval_run, "evaluate_all", evaluate_all)
+    before = torch.get_num_threads()
+    argv = ["--data", str(add40), "--device", "cpu", "--out", str(tmp_path / "o")]
+    assert _run_eval(argv) == 2
+    assert _run_eval([*argv, "--threads", "1"]) == 2
+    assert seen[0][0]
+    assert seen[1] == (False, 1)
+    assert torch.get_num_threads() == before
+    with pytest.raises(SystemExit):
+        _run_eval([*argv, "--threads", "0"])
+
+
 # --------------------------------------------------------------------------------------------------------------
 # end to end on the embedded model
 

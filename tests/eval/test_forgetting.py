@@ -46,3 +46,31 @@ def test_module_entry_point_takes_a_run_directory(tmp_path, capsys):
     assert out["forward_kl"] > 0
     with pytest.raises(SystemExit):
         main(["--policy", str(EMBEDDED_DIR / "tiny_addition"), *argv])
+
+
+def test_it_takes_its_cpu_share_or_the_threads_given(tmp_path, monkeypatch, capsys):
+    """Beside a training run it must not take every core: the measurement runs registered as a klgrad process
+    (``--threads auto``, the default; klgrad.threads) or with ``--threads N``, and torch's count is given back."""
+    import os
+
+    import torch
+
+    import klgrad.eval.forgetting as forgetting
+    from klgrad.threads import registry_dir
+
+    seen = []
+
+    def measure(*args, **kwargs):
+        seen.append(((registry_dir() / str(os.getpid())).is_file(), torch.get_num_threads()))
+        return {}
+
+    monkeypatch.setattr(forgetting, "forgetting_kl", measure)
+    model = str(EMBEDDED_DIR / "tiny_addition")
+    before = torch.get_num_threads()
+    assert main(["--policy", model, "--reference", model, "--device", "cpu"]) == 0
+    assert main(["--policy", model, "--reference", model, "--device", "cpu", "--threads", "1"]) == 0
+    assert seen[0][0]  # registered while it measured
+    assert seen[1] == (False, 1)
+    assert torch.get_num_threads() == before
+    assert not (registry_dir() / str(os.getpid())).exists()
+    capsys.readouterr()

@@ -58,6 +58,7 @@ from klgrad.plotting import pyplot, save
 from klgrad.rewards import accuracy_reward_name
 from klgrad.runlock import run_lock
 from klgrad.trainer import latest_checkpoint, load_data, read_jsonl, reference_path, reward_specs, train
+from klgrad.trainer.loop import cpu_threads
 from klgrad.trainer.setup import resolve_device
 
 METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
@@ -347,12 +348,13 @@ def ensure_run(
         after, _ = run_steps_done(run_dir)
         append_provenance(run_dir, {**provenance, "from_step": start, "to_step": after, "at": now()})
     measured = cfg if nominal_beta is None else with_beta(cfg, nominal_beta)  # J_β at the grid's β
-    final = {
-        **run_final_metrics(run_dir),
-        **final_kl(measured, run_dir, exact_prompts, estimate_samples, **(extras or {})),
-    }
-    for name, hook in hooks.items():  # downstream evaluations: the weights are still there
-        final[name] = hook(cfg, run_dir)
+    with cpu_threads(cfg.train.threads):  # as training shares the CPU with other klgrad processes, so do these
+        final = {
+            **run_final_metrics(run_dir),
+            **final_kl(measured, run_dir, exact_prompts, estimate_samples, **(extras or {})),
+        }
+        for name, hook in hooks.items():  # downstream evaluations: the weights are still there
+            final[name] = hook(cfg, run_dir)
     final["kl_beta"] = cfg.kl.beta
     final["steps"], stop = run_steps_done(run_dir)
     if stop:

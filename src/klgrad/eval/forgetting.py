@@ -14,6 +14,8 @@ from pathlib import Path
 from klgrad.eval.models import load_eval_model, locate_model, run_config
 from klgrad.eval.run import resolve_eval_device
 from klgrad.exact.estimators import CHAT_PROMPTS, FORGETTING_MAX_NEW_TOKENS, chat_prompts, forgetting_kl
+from klgrad.threads import thread_setting
+from klgrad.trainer.loop import cpu_threads
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=None, help="default: a run's rollout.temperature, else 1")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--threads", type=thread_setting, default="auto", help="CPU threads: auto (default; as train.threads) or N"
+    )
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     device = resolve_eval_device(args.device, "klgrad")
@@ -46,18 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--reference is needed when --policy is not a klgrad run")
     temperature = args.temperature if args.temperature is not None else (
         run_cfg.rollout.temperature if run_cfg is not None else 1.0)  # fmt: skip
-    policy = load_eval_model(src, device=device)
-    ref = load_eval_model(args.reference if args.reference is not None else str(policy.source), device=device)
-    out = forgetting_kl(
-        policy.model.eval(),
-        ref.model.eval(),
-        policy.tokenizer,
-        chat_prompts(args.prompts),
-        args.samples,
-        args.max_new_tokens,
-        temperature,
-        seed=args.seed,
-    )
+    with cpu_threads(args.threads):  # beside a training run: a share of the cores, not all of them
+        policy = load_eval_model(src, device=device)
+        ref = load_eval_model(args.reference if args.reference is not None else str(policy.source), device=device)
+        out = forgetting_kl(
+            policy.model.eval(),
+            ref.model.eval(),
+            policy.tokenizer,
+            chat_prompts(args.prompts),
+            args.samples,
+            args.max_new_tokens,
+            temperature,
+            seed=args.seed,
+        )
     record = {
         "policy": args.policy,
         "checkpoint": None if policy.checkpoint is None else str(policy.checkpoint),

@@ -174,6 +174,28 @@ def shared_cpu(auto: bool) -> Iterator[CpuShare | None]:
         torch.set_num_threads(before)
 
 
+@contextlib.contextmanager
+def cpu_threads(setting: int | str | None) -> Iterator[CpuShare | None]:
+    """Work outside training (an evaluation, a grid's final metrics, a forgetting measurement) under the thread
+    rule of ``train.threads``: ``"auto"`` registers this process as a klgrad process sharing the CPU and takes its
+    share once, at entry (:func:`shared_cpu`: beside a training run on 2 cores, one thread each instead of both
+    fighting over both cores); an int N runs with N threads; None leaves torch's setting. Torch's thread count is
+    given back at the end."""
+    if setting == "auto":
+        with shared_cpu(True) as cpu:
+            yield cpu
+        return
+    if setting is None:
+        yield None
+        return
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(int(setting))
+        yield None
+    finally:
+        torch.set_num_threads(before)
+
+
 def adapt_threads(cpu: CpuShare | None) -> None:
     """``train.threads: auto``: set torch's thread count to this process's share of the free cores
     (:class:`klgrad.threads.CpuShare`, decided from the load since the previous call); otherwise nothing."""
