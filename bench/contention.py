@@ -7,7 +7,10 @@ variables such as ``OMP_WAIT_POLICY`` take effect at OpenMP's start) for ``warmu
 and checkpoints off, and takes the median ``time/step`` of the last ``steps`` steps from its ``metrics.jsonl``.
 "Busy" situations first start ``python -c "while True: pass"`` (one process, one thread, in the same session,
 as a job started from the same shell would be); "beside another klgrad train" starts a long ``klgrad train``
-of the same settings 8 s before (half the steps are timed there). The competitor is killed when the run ends.
+of the same settings 8 s before (half the steps are timed there); "beside klgrad eval" starts ``klgrad eval`` of
+the embedded model on 40 addition problems in a loop, 5 s before, with ``--threads auto`` (its default: it registers
+and takes its share) or ``--threads 2`` (every core, as it ran before it shared). The competitor is killed when the
+run ends.
 Situations alternate in rounds, so drift of the machine hits every situation alike.
 
 Targets (issue "Fast on a real model, and under load"): with klgrad's defaults the median step beside the busy
@@ -44,6 +47,8 @@ SITUATIONS: dict[str, tuple[str | None, dict[str, str], list[str]]] = {
     "alone, 2 threads, OMP_WAIT_POLICY=PASSIVE": (None, PASSIVE, ["--train.threads", "2"]),
     "busy, 2 threads, OMP_WAIT_POLICY=PASSIVE": ("busy", PASSIVE, ["--train.threads", "2"]),
     "busy, 1 thread": ("busy", {}, ["--train.threads", "1"]),
+    "beside klgrad eval, klgrad defaults": ("eval", {}, []),
+    "beside klgrad eval on every core (before)": ("eval-all", {}, []),
 }
 """The shipped config says ``train.threads: auto``: "klgrad defaults" passes no thread flag."""
 
@@ -56,6 +61,20 @@ def train_cmd(steps: int, out: str, flags: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
+def eval_cmd(out: str, threads: str) -> list[str]:
+    """``klgrad eval`` of the embedded model on 40 addition problems (written into ``out`` once), 16 samples each."""
+    from klgrad.data import make_splits
+
+    data = Path(out, "add40.jsonl")
+    if not data.exists():
+        _, heldout = make_splits("addition", 0, 40, seed=0)
+        data.write_text("".join(json.dumps({"prompt": e.prompt, "answer": e.answer}) + "\n" for e in heldout))
+    return [
+        sys.executable, "-m", "klgrad", "eval", "--data", str(data), "--samples", "16", "--max-new-tokens", "16",
+        "--device", "cpu", "--threads", threads, "--out", f"{out}/eval",
+    ]  # fmt: skip
+
+
 def start_competitor(kind: str | None, env: dict[str, str], flags: list[str], out: str) -> subprocess.Popen | None:
     """``while True: pass``, or a long ``klgrad train`` of the same settings (started, then given 8 s to load
     and reach its steps)."""
@@ -64,6 +83,13 @@ def start_competitor(kind: str | None, env: dict[str, str], flags: list[str], ou
     if kind == "busy":
         proc = subprocess.Popen([sys.executable, "-c", BUSY])
         time.sleep(0.5)  # let it take its core
+        return proc
+    if kind in ("eval", "eval-all"):
+        threads = "auto" if kind == "eval" else "2"
+        loop = f"while true; do {' '.join(eval_cmd(out, threads))}; done"
+        proc = subprocess.Popen(["bash", "-c", loop], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)  # fmt: skip
+        time.sleep(5)
         return proc
     proc = subprocess.Popen(
         train_cmd(100_000, f"{out}/competitor", flags),
@@ -89,7 +115,10 @@ def train_step_times(steps: int, env: dict[str, str], flags: list[str], competit
             )
         finally:
             if other is not None:
-                other.kill()
+                if other.args[0] == "bash":  # an eval loop: its whole process group
+                    os.killpg(other.pid, 9)
+                else:
+                    other.kill()
                 other.wait()
         rows = [json.loads(line) for line in Path(out, "run", "metrics.jsonl").read_text().splitlines()]
         return [r["time/step"] for r in rows if "time/step" in r]

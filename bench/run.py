@@ -146,6 +146,17 @@ def contention_rows(res: dict) -> list[list[str]]:
                 "yes" if two <= 2 else f"no: {two:.2f}×",
             ]
         )
+    if "beside klgrad eval, klgrad defaults" in med:
+        shared = med["beside klgrad eval, klgrad defaults"] / alone
+        every = med["beside klgrad eval on every core (before)"] / alone
+        rows.append(
+            [
+                "klgrad train beside klgrad eval (eval --threads auto vs every core, before) vs alone",
+                "faster than before",
+                f"{shared:.2f}× (before: {every:.2f}×)",
+                "yes" if shared < every else f"no: {shared:.2f}× vs {every:.2f}×",
+            ]
+        )
     return rows
 
 
