@@ -285,7 +285,7 @@ def add_compare_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="LIST",
         help="run only these of the grid's seeds, e.g. 4-7 or 0,2 (seeds of one grid on several machines; "
-        "then --merge)",
+        "then --merge); with --merge, merge only these seeds, each whole",
     )
     g.add_argument(
         "--only-methods",
@@ -519,7 +519,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from klgrad.runlock import RunLockedError
 
     try:
-        summary = merge_grids(list(args.merge), Path(args.out))
+        seeds = None if args.only_seeds is None else parse_seed_list(args.only_seeds)
+        summary = merge_grids(list(args.merge), Path(args.out), seeds)
     except (ValueError, RunLockedError) as e:
         print(f"klgrad compare: {e}", file=sys.stderr)
         return 2

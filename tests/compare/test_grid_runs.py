@@ -141,6 +141,46 @@ def test_seeds_run_apart_merge_into_one_summary_and_another_revision_is_refused(
 
 
 @pytest.mark.slow
+def test_a_merge_of_listed_seeds_takes_each_seed_whole_and_later_files_of_runs_it_already_holds(tmp_path):
+    kw = dict(seeds=3, steps=1, methods=("k2_as_loss", "k3_as_loss"), primary="k2_as_loss<k3_as_loss:kl", **KW)
+    lane = tmp_path / "lane"
+    run_compare(lane, only_seeds=[0], **kw)
+    run_compare(lane, only_seeds=[1], only_methods=["k2_as_loss"], **kw)  # seed 1: only one half so far
+    (lane / "runs" / "k3_as_loss-beta0.5-seed2").mkdir()  # seed 2: a run still training (no final.json)
+    out = tmp_path / "results"
+
+    with pytest.raises(GridMismatchError, match=r"seed 1 cannot merge whole: k3_as_loss-beta0\.5-seed1 not found"):
+        merge_grids([lane], out, seeds=[0, 1])
+    with pytest.raises(GridMismatchError, match=r"seed 2 is not finished: .*k3_as_loss-beta0\.5-seed2 has no final"):
+        merge_grids([lane], out, seeds=[2])
+    assert not out.exists()  # refused before anything is written
+    assert main(["compare", "--merge", str(lane), "--only-seeds", "1", "--out", str(out)]) == 2
+
+    summary = merge_grids([lane], out, seeds=[0])
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["k2_as_loss-beta0.5-seed0", "k3_as_loss-beta0.5-seed0"]
+    assert summary["skipped"] == []  # the other seeds' runs are not candidates at all
+    saved = json.loads((out / "summary.json").read_text())
+    assert sorted((r["method"], r["seed"]) for r in saved["runs"]) == [("k2_as_loss", 0), ("k3_as_loss", 0)]
+
+    later = lane / "runs" / "k2_as_loss-beta0.5-seed0"  # a measurement written after the first merge
+    (later / "forgetting.json").write_text('{"forward_kl": 0.1}')
+    (later / "checkpoints" / "late.bin").write_bytes(b"weights")  # weights are never copied
+    merge_grids([lane], out, seeds=[0])
+    merged = out / "runs" / "k2_as_loss-beta0.5-seed0"
+    assert json.loads((merged / "forgetting.json").read_text()) == {"forward_kl": 0.1}
+    assert not (merged / "checkpoints").exists()
+    record = json.loads((out / "grid.json").read_text())
+    assert record["merged_from"][-1]["copied"] == {str(lane): ["k2_as_loss-beta0.5-seed0 (new files)"]}
+    (later / "forgetting.json").write_text('{"forward_kl": 0.2}')  # a changed file is not overwritten
+    merge_grids([lane], out, seeds=[0])
+    assert json.loads((merged / "forgetting.json").read_text()) == {"forward_kl": 0.1}
+    final = json.loads((later / "final.json").read_text())
+    (later / "final.json").write_text(json.dumps({**final, "steps": 99}))  # nor a changed final.json: refused
+    with pytest.raises(GridMismatchError, match=r"with different final\.json"):
+        merge_grids([lane], out, seeds=[0])
+
+
+@pytest.mark.slow
 def test_one_seeds_methods_run_apart_and_merged_are_the_runs_of_one_invocation(tmp_path):
     kw = dict(seeds=2, steps=1, methods=("k2_as_loss", "k3_as_loss"), only_seeds=[0], **KW)
     run_compare(tmp_path / "whole", **kw)

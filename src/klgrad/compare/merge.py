@@ -9,6 +9,12 @@ and seeds, every input's sessions and a ``merged_from`` list naming each input a
 trained on) and the summary of all runs. A run present in two inputs must have the same final.json in both; an
 unfinished run is left out and listed. Nothing is trained.
 
+``seeds`` (``--merge ... --only-seeds LIST``) merges only those seeds, each whole: a listed seed is refused while
+any of its runs in an input is unfinished, and, in a grid with a primary hypothesis, unless both of the primary's
+methods have finished it (a paired seed is merged with both halves or not at all). Long grids merge finished seeds
+from folders where the next seed is still training. A run merged earlier gets the files it has gained since (a
+measurement written beside its final.json after the first merge), never a changed final.json.
+
 A grid with a primary hypothesis keeps its seed count: inputs with more seeds than the others merge only when one
 of the records holds an amendment allowing them (:func:`klgrad.compare.design.amend_seeds`); every record's
 amendments are kept.
@@ -16,6 +22,8 @@ amendments are kept.
 
 from __future__ import annotations
 
+import fnmatch
+import os
 import shutil
 from pathlib import Path
 
@@ -31,8 +39,9 @@ from klgrad.compare.design import (
 from klgrad.compare.provenance import same_code
 from klgrad.runlock import run_lock
 
-COPY_IGNORE = shutil.ignore_patterns("checkpoints", "tb", ".klgrad.lock", ".*.tmp")
-"""What a merge leaves behind of a run: its weights, TensorBoard events and lock."""
+LEFT_BEHIND = ("checkpoints", "tb", ".klgrad.lock", ".*.tmp")
+"""What a merge leaves behind of a run (names or patterns): its weights, TensorBoard events and lock."""
+COPY_IGNORE = shutil.ignore_patterns(*LEFT_BEHIND)
 
 
 def check_mergeable(records: list[tuple[Path, dict]]) -> None:
@@ -67,6 +76,26 @@ def same_file(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
+def add_new_files(run: Path, dest: Path) -> list[str]:
+    """Copy into ``dest`` the files of ``run`` that ``dest`` lacks, except what :data:`LEFT_BEHIND` names;
+    returns their paths relative to ``run``. Nothing present in ``dest`` is overwritten."""
+    added = []
+    for root, dirs, files in os.walk(run):
+        dirs[:] = [x for x in dirs if not left_behind(x)]  # never walk into a run's weights
+        for name in sorted(files):
+            rel = Path(root, name).relative_to(run)
+            if left_behind(name) or (dest / rel).exists():
+                continue
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(run / rel, dest / rel)
+            added.append(str(rel))
+    return added
+
+
+def left_behind(name: str) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in LEFT_BEHIND)
+
+
 def once(items: list[dict]) -> list[dict]:
     """``items`` without repeats, first occurrences in order: a grid merged again from a folder that already holds
     some of its sessions (its own earlier inputs) records each session once."""
@@ -77,11 +106,39 @@ def once(items: list[dict]) -> list[dict]:
     return out
 
 
-def merge_grids(inputs: list[Path], out_dir: Path) -> dict:
+def run_seed(name: str) -> int | None:
+    """The seed of a run folder named by :func:`klgrad.compare.grid.run_name` (``METHOD-betaB-seedS``)."""
+    _, sep, tail = name.rpartition("-seed")
+    return int(tail) if sep and tail.isdigit() else None
+
+
+def check_whole_seeds(records: list[tuple[Path, dict]], seeds: list[int]) -> None:
+    """Raise :class:`GridMismatchError` unless every seed in ``seeds`` can merge whole (module docstring)."""
+    from klgrad.compare.grid import run_name
+
+    first = records[0][1]
+    runs = [run for d, _ in records for run in (sorted((d / "runs").glob("*")) if (d / "runs").is_dir() else [])]
+    primary = first.get("primary")
+    for s in seeds:
+        mine = [run for run in runs if run_seed(run.name) == s]
+        open_ = [str(run) for run in mine if not (run / "final.json").is_file()]
+        if open_:
+            raise GridMismatchError(f"seed {s} is not finished: {', '.join(open_)} has no final.json")
+        done = {run.name for run in mine}
+        need = [run_name(m, b, s) for m in (primary["a"], primary["b"]) for b in first["betas"]] if primary else []
+        missing = [n for n in need if n not in done]
+        if missing or not mine:
+            raise GridMismatchError(
+                f"seed {s} cannot merge whole: {', '.join(missing) or 'no run'} not found in "
+                f"{', '.join(str(d) for d, _ in records)}"
+            )
+
+
+def merge_grids(inputs: list[Path], out_dir: Path, seeds: list[int] | None = None) -> dict:
     """Merge the grid folders ``inputs`` into ``out_dir`` (module docstring); returns the summary.
 
     ``out_dir`` may already hold a grid of the same revision and design (it then counts as one more input), or be
-    one of the inputs."""
+    one of the inputs. ``seeds``: merge only these seeds' runs, each seed whole (refused otherwise)."""
     from klgrad.compare.grid import write_summary
 
     records = []
@@ -94,11 +151,15 @@ def merge_grids(inputs: list[Path], out_dir: Path) -> dict:
     if existing is not None and out_dir.resolve() not in {d.resolve() for d in inputs}:
         records.append((out_dir, existing))
     check_mergeable(records)
+    if seeds is not None:
+        check_whole_seeds(records, seeds)
     with run_lock(out_dir):
         skipped: list[str] = []
         copied: dict[str, list[str]] = {}
         for d, _ in records:
             for run in sorted((d / "runs").glob("*")) if (d / "runs").is_dir() else []:
+                if seeds is not None and run_seed(run.name) not in seeds:
+                    continue
                 dest = out_dir / "runs" / run.name
                 if not (run / "final.json").is_file():
                     skipped.append(str(run))
@@ -108,6 +169,8 @@ def merge_grids(inputs: list[Path], out_dir: Path) -> dict:
                 if dest.exists():
                     if not same_file(run / "final.json", dest / "final.json"):
                         raise GridMismatchError(f"run {run.name} is in {d} and in {out_dir} with different final.json")
+                    if add_new_files(run, dest):
+                        copied.setdefault(str(d), []).append(f"{run.name} (new files)")
                     continue
                 shutil.copytree(run, dest, ignore=COPY_IGNORE)
                 copied.setdefault(str(d), []).append(run.name)
