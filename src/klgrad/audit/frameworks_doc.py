@@ -5,7 +5,11 @@ committed page differs from a fresh run), and a remedy per framework whose claim
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from klgrad.audit.framework_kl import AGGREGATIONS
 from klgrad.audit.frameworks import clamp_text, fmt_error, framework_rows, is_default, zero_weight_text
@@ -540,8 +544,30 @@ def findings(rows: list[dict]) -> str:
     )
 
 
+SCALAR_KERNELS = {"ATEN_CPU_CAPABILITY": "default"}
+"""The kernels the page is computed with: torch's scalar CPU kernels. Its float32, bfloat16 and float16 numbers
+depend on the kernel set: the vectorised ones (AVX2, AVX-512) compute exp and log within an ulp of each other but
+not alike, so where a float32 gradient rounds to exactly 0 is the machine's (k3 in the reward: 93 of the audited
+points with AVX-512 on an Intel Xeon, 94 with AVX2 on an AMD EPYC). The scalar kernels run the same code on every
+x86-64 CPU, so the committed page is the same fresh run on any of them (checked on the AMD EPYC, where its AVX2
+kernels give another page); ``klgrad audit --dtype D`` reports what your own kernels compute."""
+
+
 def frameworks_markdown() -> str:
-    """The page: intro, the audit's tables, findings, remedies, precision, training with a preset and sources."""
+    """The page: intro, the audit's tables, findings, remedies, precision, training with a preset and sources;
+    computed with :data:`SCALAR_KERNELS` (in a child process when this one runs other kernels: torch fixes its
+    kernel set when it starts)."""
+    if os.environ.get("ATEN_CPU_CAPABILITY") != SCALAR_KERNELS["ATEN_CPU_CAPABILITY"]:
+        here = str(Path(__file__).parents[2])  # the child imports this klgrad, whatever its sys.path would pick
+        path = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
+        env = {**os.environ, **SCALAR_KERNELS, "PYTHONIOENCODING": "utf-8", "PYTHONPATH": path}
+        done = subprocess.run(
+            [sys.executable, "-m", "klgrad.audit.frameworks_doc"], env=env, capture_output=True, text=True,
+            encoding="utf-8", check=False,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"docs/frameworks.md under {SCALAR_KERNELS}: {done.stderr.strip()[-2000:]}")
+        return done.stdout
     rows = framework_rows(make_problem(AuditConfig()), dtype="bfloat16")
     by_id = {p.id: p for p in PRESETS}
     aggregations = "\n".join(
@@ -593,3 +619,7 @@ def frameworks_markdown() -> str:
             lines.append(f"- `{p.id}` ({_cell(p.versions)}{default}): {_cell(p.source)}.{note}")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":  # the page on stdout, under the kernels this process was started with
+    sys.stdout.write(frameworks_markdown())
