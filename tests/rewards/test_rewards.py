@@ -164,7 +164,7 @@ def test_worker_killed_and_replaced_when_it_misses_its_deadline(monkeypatch, cap
     assert in_thread(math_verify_reward, [HANG], ["81"], timeout_s=0.5) == [0.0]
     # HANG never finishes on its own, so returning at all means the child was killed; the bound only has to catch a
     # parent that waits on it. 0.1 s deadline + the child's restart (a fresh interpreter importing Math-Verify and
-    # sympy: ~1 s on an idle 2-core machine, 1.9 s beside two training processes) fits many times over.
+    # sympy: 1.9 s seen beside two training processes on a 2-core machine) fits many times over.
     assert time.perf_counter() - t0 < 30.0
     assert "worker process replaced" in caplog.text
     monkeypatch.setattr(accuracy, "_WORKER_GRACE_S", 0.5)
