@@ -25,6 +25,17 @@
 # ones resume from their last checkpoint): give the same WORK and GPU_CHECK=0 (the check ran).
 # Writes OUT/grid.tgz (every process's folder and log, without checkpoints or figures), OUT/gpu_check.tgz and
 # OUT/logs.tgz; merge the seeds here with `klgrad compare --merge` (same revision, recorded).
+#
+# A 15-minute lease in three calls, each within 30 s of the last (the machine stays warm that long; a new start
+# would need the model carried again). Here first: `bash scripts/gpu_model_parts.sh pack` (.gpu1/, .gpu2/),
+# `cp results/smollm2_sharpen_converged/grid.json .gpu2/`, the missing wheels into .whl/ (pip download, results/gpu/
+# 2026-11-26-h100/README.md), and results/ moved out of the tree while the calls run (a call carries 64 MiB):
+#   1. carry .gpu1 .whl: bash scripts/gpu_model_parts.sh keep .gpu1 && python3 -m pip install -q --no-index
+#      --no-deps --target /tmp/site .whl/*.whl
+#   2. carry .gpu2: bash scripts/gpu_model_parts.sh unpack .gpu2 && GRID_JSON=.gpu2/grid.json BUDGET=530
+#      OUT=$OUT bash scripts/gpu_grid_seeds.sh         (one wave of PARALLEL runs took ~4.8 min on an H200)
+#   3. carry .gpu2: the same with GPU_CHECK=0 and BUDGET what the lease has left less ~30 s: runs whose steps are
+#      done go straight to their final metrics, so the second wave of call 2 finishes here.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 START=$(date +%s)
