@@ -16,6 +16,16 @@ def run(tmp_path: Path, model: Path, *args: str, check: bool = True) -> subproce
     return subprocess.run(["bash", str(SCRIPT), *args], env=env, check=check, capture_output=True, text=True)
 
 
+def packed_and_kept(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A small GGUF stand-in packed, part 1 kept as call 1 would: (model, part-2 folder, site folder)."""
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(range(256)) * 400)
+    one, two = tmp_path / "one", tmp_path / "two"
+    run(tmp_path, model, "pack", str(one), str(two))
+    run(tmp_path, model, "keep", str(one))
+    return model, two, tmp_path / "site"
+
+
 def test_two_parts_join_back_to_the_same_bytes(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(os.urandom(300_001))  # incompressible, odd length: the parts differ by one byte at most
@@ -32,11 +42,7 @@ def test_two_parts_join_back_to_the_same_bytes(tmp_path):
 
 
 def test_a_damaged_part_is_refused_and_leaves_no_model(tmp_path):
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF" + bytes(range(256)) * 400)
-    one, two, site = tmp_path / "one", tmp_path / "two", tmp_path / "site"
-    run(tmp_path, model, "pack", str(one), str(two))
-    run(tmp_path, model, "keep", str(one))
+    model, two, site = packed_and_kept(tmp_path)
     (two / "model.sha256").write_text("0" * 64 + "\n")  # as if part 2 were another file's
     r = run(tmp_path, model, "unpack", str(two), str(site), check=False)
     assert r.returncode == 1
@@ -45,11 +51,7 @@ def test_a_damaged_part_is_refused_and_leaves_no_model(tmp_path):
 
 
 def test_a_corrupted_part_fails_in_xz_and_leaves_no_model(tmp_path):
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF" + bytes(range(256)) * 400)
-    one, two, site = tmp_path / "one", tmp_path / "two", tmp_path / "site"
-    run(tmp_path, model, "pack", str(one), str(two))
-    run(tmp_path, model, "keep", str(one))
+    model, two, site = packed_and_kept(tmp_path)
     part = two / "model.xz.2"
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte in transit
