@@ -241,6 +241,22 @@ def primary(rs: list[dict], regime: dict, out: Path, registered: int | None = No
     return result
 
 
+def optimum_summary(opt: dict[str, dict]) -> dict:
+    """Over seeds, from :func:`kl_to_optimum`'s per-run numbers (keys ``METHOD/seedS``): each method's mean KL(π‖π*)
+    with its 95% t interval and seed count, and the paired k3_as_loss − k2_as_loss difference (seeds with both)."""
+    by: dict[str, dict[int, float]] = {}
+    for key, v in opt.items():
+        method, seed = key.split("/seed")
+        by.setdefault(method, {})[int(seed)] = v["kl_to_optimum"]
+    out: dict = {"by_method": {}}
+    for m, vals in sorted(by.items()):
+        mean, lo, hi = ci(list(vals.values()))
+        out["by_method"][m] = {"n": len(vals), "mean": mean, "ci": [lo, hi]}
+    if {"k3_as_loss", "k2_as_loss"} <= by.keys():
+        out["k3_minus_k2"] = paired_by_seed(by["k3_as_loss"], by["k2_as_loss"])
+    return out
+
+
 def cell(v: dict, signed: bool = False) -> str:
     """``mean [lo, hi]`` of a table entry."""
     f = "+.3f" if signed else ".3f"
@@ -521,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         done = [r for r in rs if "downstream" in r["final"]]
         opt = {f"{r['method']}/seed{r['seed']}": kl_to_optimum(r, regime, regime["beta"]) for r in done}
         (out / "optimum.json").write_text(json.dumps(opt, indent=1))
+        (out / "optimum_summary.json").write_text(json.dumps(optimum_summary(opt), indent=1))
     record = read_grid(args.grid) or {}
     registered = registered_seeds(record) if record.get("amendments") else None
     prim = primary(rs, json.loads(args.train_regime.read_text()), out, registered) if args.train_regime else {}
@@ -532,7 +549,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{v['gap_ci']}, r = {v['pearson_r']:.2f} ({v['seeds']} seeds)")  # fmt: skip
     for k, v in opt.items():
         print(f"{k}: KL(π‖π*) = {v['kl_to_optimum']:.3f} ± {v['se']:.3f}")
-    wrote = ["runs.md", *(["prediction.png", "prediction.json", "optimum.json"] if pred else [])]
+    wrote = [
+        "runs.md",
+        *(["prediction.png", "prediction.json", "optimum.json", "optimum_summary.json"] if pred else []),
+    ]
     wrote += ["primary.png", "primary.json"] if prim else []
     wrote.append(f"downstream.md ({len(down['table'])} methods)")
     wrote += [f"forgetting.md ({len(forgot['table'])} methods)"] if forgot else []

@@ -209,3 +209,25 @@ def test_paired_movement_pairs_the_heads_by_seed():
     )  # Σ dev products / √(Σ dev²·Σ dev²)
     assert t["seeds_needed"] == 25  # (0.1/0.02)²
     assert "before_decay" not in got["tests"]
+
+
+def test_optimum_summary_means_over_seeds_and_pairs_the_heads_by_seed():
+    """Each method's mean and t interval over its seeds; the paired difference only over seeds both heads have."""
+    opt = {
+        "k2_as_loss/seed0": {"kl_to_optimum": 0.30},
+        "k2_as_loss/seed1": {"kl_to_optimum": 0.20},
+        "k2_as_loss/seed2": {"kl_to_optimum": 0.40},
+        "k3_as_loss/seed0": {"kl_to_optimum": 0.35},
+        "k3_as_loss/seed1": {"kl_to_optimum": 0.20},
+        "none/seed8": {"kl_to_optimum": 1.3},
+    }
+    got = report.optimum_summary(opt)
+    k2 = got["by_method"]["k2_as_loss"]
+    assert k2["n"] == 3
+    assert math.isclose(k2["mean"], 0.30, abs_tol=1e-12)
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) · sd / √n, sd of 0.3, 0.2, 0.4 is 0.1
+    assert math.isclose(k2["ci"][1] - k2["mean"], half, rel_tol=1e-9)
+    assert got["by_method"]["none"]["n"] == 1
+    assert got["k3_minus_k2"] == paired_by_seed({0: 0.35, 1: 0.20}, {0: 0.30, 1: 0.20, 2: 0.40})
+    assert got["k3_minus_k2"]["n"] == 2
+    assert math.isclose(got["k3_minus_k2"]["mean"], 0.025, abs_tol=1e-12)
