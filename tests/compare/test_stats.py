@@ -10,6 +10,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from klgrad.compare.stats import (
+    FLIP_DRAWS,
     NOT_SUPPORTED,
     OPPOSITE,
     SUPPORTED,
@@ -23,6 +24,7 @@ from klgrad.compare.stats import (
     paired_less,
     paired_t_p,
     sign_flip_p,
+    sign_flip_p_drawn,
     welch_equivalent,
     welch_less,
 )
@@ -248,3 +250,28 @@ def test_paired_by_seed_pairs_the_seeds_both_have_and_uses_the_paired_tests():
     m, half = mean_ci(d)
     assert got == {"n": 4, "mean": m, "ci": [m - half, m + half], "t_p": paired_t_p(d), "sign_flip_p": sign_flip_p(d)}
     assert paired_by_seed({0: 1.0}, {0: 2.0, 1: 3.0}) is None  # one pair: no spread, no test
+
+
+def test_the_drawn_sign_flip_p_agrees_with_the_exact_one_within_its_standard_error():
+    """n = 14 (16384 patterns, exact): the drawn p is within 5 standard errors √(p(1 − p)/B) of the exact p, for
+    each alternative; never below 1/(B + 1); and the same differences get the same p (seeded)."""
+    d = [0.31, -0.12, 0.05, 0.22, -0.4, 0.18, 0.09, -0.03, 0.27, 0.11, -0.16, 0.08, 0.2, -0.07]
+    for alt in ("two-sided", "greater", "less"):
+        exact = sign_flip_p(d, alt)
+        drawn = sign_flip_p_drawn(d, alt)
+        se = math.sqrt(max(exact * (1 - exact), 1 / FLIP_DRAWS) / FLIP_DRAWS)
+        assert abs(drawn - exact) <= 5 * se + 1 / (FLIP_DRAWS + 1), alt  # + the observed pattern counted once more
+        assert drawn == sign_flip_p_drawn(d, alt)
+    assert sign_flip_p_drawn([0.5] * 6, draws=1000) >= 1 / 1001
+
+
+def test_more_than_twenty_differences_get_the_drawn_p_with_the_exact_ps_properties():
+    """n = 24: all differences equal and positive, the exact two-sided p is 2/2^24 ≈ 1.2e-7, below what B draws can
+    show: the drawn p is its floor 1/(B + 1) (at most 2 of 2^17 draws hit the two extreme patterns, probability
+    ≈ 1.6e-2); symmetric differences give p = 1; scaling every difference leaves p unchanged."""
+    assert sign_flip_p([0.05] * 24) <= 3 / (FLIP_DRAWS + 1)
+    assert sign_flip_p([1.0, -1.0] * 12) == 1.0
+    d = [0.3 * (-1) ** i + 0.01 * i for i in range(30)]
+    for alt in ("two-sided", "greater", "less"):
+        assert sign_flip_p([1e-9 * x for x in d], alt) == sign_flip_p(d, alt)
+    assert paired_by_seed({s: float(s) for s in range(25)}, {s: 0.0 for s in range(25)})["sign_flip_p"] > 0

@@ -49,7 +49,15 @@ from klgrad.compare.design import (
     write_json,
 )
 from klgrad.compare.provenance import Revision, check_pinned, machine_label, machine_record, source_revision
-from klgrad.compare.stats import decide, mean_ci, paired_equivalent, paired_less, welch_equivalent, welch_less
+from klgrad.compare.stats import (
+    FLIP_DRAWS,
+    decide,
+    mean_ci,
+    paired_equivalent,
+    paired_less,
+    welch_equivalent,
+    welch_less,
+)
 from klgrad.config import Config, load_config, to_dict
 from klgrad.exact.estimators import optional_final_metrics, stepwise_mean_se
 from klgrad.exact.kl import clustered_mean_se, sampled_kl_estimates, stepwise_kl, tree_kl
@@ -1165,7 +1173,8 @@ def summary_markdown(summary: dict) -> str:
         f"(two-sided; TOST for an equivalence claim), p Holm-adjusted in one {family_word(summary)}family of the "
         f"{holm_family_size(preds)} "
         f"tested hypotheses of {len(preds)} claims (an equivalence claim brings two: TOST and difference). Beside "
-        "it, for comparison only: the exact sign-flip p (two-sided, unadjusted) and the unpaired Welch p (one-sided, "
+        "it, for comparison only: the sign-flip p (two-sided, unadjusted; exact up to 20 seeds, beyond it from "
+        f"{FLIP_DRAWS} seeded random sign patterns) and the unpaired Welch p (one-sided, "
         "or Welch TOST; unadjusted, outside the Holm family, not used for any verdict)." + normality,
         "",
         "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p (unadj.) | Welch p (unadj.) "

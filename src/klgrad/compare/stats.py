@@ -1,14 +1,14 @@
 """Honest statistics over seeds: t-based 95% confidence intervals and named tests that produce a verdict.
 
-**Paired tests (the design of ``klgrad compare``).** Runs that share a seed share their prompts and their
-sampling uniforms (common random numbers), so the seed is a block and the unit of analysis is the per-seed
-difference d_s = a_s − b_s. A prediction is decided on d by a paired t-test (the p-value that decides), with an
-exact sign-flip permutation p-value beside it (distribution-free; with n seeds its smallest two-sided value is
-2/2^n, so it needs n ≥ 6 to reach 0.05). Both p-values are scale invariant, and the t-test's moves
-continuously with the data (t is extended by continuity to zero spread, :func:`t_statistic`), so a verdict does
-not change when every difference is multiplied by one factor or moved by rounding. Every hypothesis tested in
-one summary (an equivalence claim brings two) forms one family, Holm-adjusted (:func:`holm`, step-down) before a
-verdict is given. Verdicts:
+**Paired tests (the design of ``klgrad compare``).** Runs that share a seed share their prompts and their sampling
+uniforms (common random numbers), so the seed is a block and the unit of analysis is the per-seed difference d_s =
+a_s − b_s. A prediction is decided on d by a paired t-test (the p-value that decides), with a sign-flip permutation
+p-value beside it (distribution-free; exact up to 20 seeds, a seeded Monte Carlo estimate beyond; with n seeds its
+smallest two-sided value is 2/2^n, so it needs n ≥ 6 to reach 0.05). Both p-values are scale invariant, and the
+t-test's moves continuously with the data (t is extended by continuity to zero spread, :func:`t_statistic`), so a
+verdict does not change when every difference is multiplied by one factor or moved by rounding. Every hypothesis
+tested in one summary (an equivalence claim brings two) forms one family, Holm-adjusted (:func:`holm`, step-down)
+before a verdict is given. Verdicts:
 
 - ``supported``: the claimed direction is significant (Holm-adjusted two-sided p < α);
 - ``opposite``: significant in the other direction (for an equivalence claim: a significant difference);
@@ -25,17 +25,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 from scipy import stats as st
 
 SUPPORTED, NOT_SUPPORTED, UNRESOLVED = "supported", "not supported", "not resolved at this sample size"
 OPPOSITE = "opposite"
 MAX_EXACT_FLIPS = 20
-"""Sign-flip tests enumerate all 2^n sign patterns up to n = 20 seeds (about a million patterns)."""
+"""Sign-flip tests enumerate all 2^n sign patterns up to n = 20 seeds (about a million patterns); beyond, they draw
+:data:`FLIP_DRAWS` random patterns (:func:`sign_flip_p_drawn`)."""
+FLIP_DRAWS = 1 << 17
+"""Random sign patterns of a Monte Carlo sign-flip p: its standard error √(p(1 − p)/B) is at most 0.0014."""
+FLIP_SEED = 0
+"""Seed of those patterns: the same differences always get the same p."""
 TIE_RTOL = 1e-12
 """Two signed sums of the same |d_s| count as tied when they differ by at most TIE_RTOL·Σ|d_s|.
 
 Derivation (u = 2^-53 ≈ 1.1e-16): a float sum of n terms is off by at most γ_{n−1}·Σ|x|, γ_k = k·u/(1 − k·u),
-so two orders of summation of one exact tie differ by ≤ 2·γ_19·Σ|d| ≈ 4.2e-15·Σ|d| for n ≤ 20. The differences
+so two orders of summation of one exact tie differ by ≤ 2·γ_19·Σ|d| ≈ 4.2e-15·Σ|d| for n ≤ 20 (2·γ_99 ≈
+2.2e-14·Σ|d| for the drawn patterns of up to 100 seeds). The differences
 themselves come from operands: d_s = a_s − b_s carries the representation error of a_s and b_s, up to
 u·max(|a_s|, |b_s|) each (1.0 − 1.3 and 2.0 − 2.3 differ by 2.2e-16), so ties meant by the data survive operands
 up to 1e-12 / (2u) ≈ 4500 times |d|. Relative to Σ|d| rather than absolute (earlier code used
@@ -162,17 +169,18 @@ def paired_t_p(d: Sequence[float], alternative: str = "two-sided", shift: float 
 
 
 def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
-    """Exact sign-flip permutation p-value of mean(d) = 0 (differences symmetric about 0 under H0).
+    """Sign-flip permutation p-value of mean(d) = 0 (differences symmetric about 0 under H0).
 
-    Enumerates every assignment of signs to |d_s| (2^n of them, n ≤ MAX_EXACT_FLIPS) and counts those whose
-    mean is at least as extreme as the observed one: p = #{σ: T(σ) ≥ T_obs} / 2^n, with T = mean (greater),
-    −mean (less) or |mean| (two-sided). The observed assignment is one of them, so p ≥ 2^-n.
+    Up to MAX_EXACT_FLIPS differences, exact: enumerates every assignment of signs to |d_s| (2^n of them) and
+    counts those whose mean is at least as extreme as the observed one: p = #{σ: T(σ) ≥ T_obs} / 2^n, with
+    T = mean (greater), −mean (less) or |mean| (two-sided). The observed assignment is one of them, so p ≥ 2^-n.
+    More differences: :func:`sign_flip_p_drawn` with FLIP_DRAWS seeded patterns.
     """
     n = len(d)
     if n == 0:
         return float("nan")
     if n > MAX_EXACT_FLIPS:
-        raise ValueError(f"sign_flip_p enumerates 2^n patterns; n = {n} > {MAX_EXACT_FLIPS}")
+        return sign_flip_p_drawn(d, alternative)
     mags = [abs(x) for x in d]
     obs = sum(d)
     tol = TIE_RTOL * sum(mags)  # relative, so p(c·d) = p(d) for every c > 0
@@ -188,9 +196,37 @@ def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
     return hits / (1 << n)
 
 
+def sign_flip_p_drawn(
+    d: Sequence[float], alternative: str = "two-sided", draws: int = FLIP_DRAWS, seed: int = FLIP_SEED
+) -> float:
+    """Monte Carlo sign-flip p-value: p = (1 + #{b: T(σ_b) ≥ T_obs}) / (B + 1) over B = ``draws`` sign patterns σ_b
+    drawn uniformly (seeded), T as in :func:`sign_flip_p`, ties within TIE_RTOL·Σ|d_s| counted as extreme.
+
+    Counting the observed pattern once more makes it a valid p-value, P(p ≤ α) ≤ α under H0 for any B (Phipson and
+    Smyth 2010: permutation p-values should never be zero), at least 1/(B + 1); its standard error about the exact
+    p is √(p(1 − p)/B) ≤ 0.5/√B. Patterns are drawn in blocks of 4096 (memory 4096·n·8 bytes)."""
+    mags = np.abs(np.asarray(d, dtype=np.float64))  # (n,)
+    obs = float(np.sum(np.asarray(d, dtype=np.float64)))
+    tol = TIE_RTOL * float(mags.sum())
+    rng = np.random.default_rng(seed)
+    hits, left = 0, draws
+    while left > 0:
+        block = min(left, 4096)
+        signs = 1.0 - 2.0 * rng.integers(0, 2, size=(block, len(mags)))  # (block, n) of ±1
+        totals = signs @ mags  # (block,)
+        if alternative == "greater":
+            hits += int(np.count_nonzero(totals >= obs - tol))
+        elif alternative == "less":
+            hits += int(np.count_nonzero(totals <= obs + tol))
+        else:
+            hits += int(np.count_nonzero(np.abs(totals) >= abs(obs) - tol))
+        left -= block
+    return (1 + hits) / (draws + 1)
+
+
 def paired_by_seed(a: Mapping[int, float], b: Mapping[int, float]) -> dict | None:
     """d = a − b over the seeds both have (``{seed: value}``): ``n``, ``mean``, its 95% t interval ``ci``, the
-    two-sided paired t-test's ``t_p`` and exact sign-flip ``sign_flip_p``; None below 2 pairs."""
+    two-sided paired t-test's ``t_p`` and sign-flip ``sign_flip_p`` (exact up to 20 pairs); None below 2 pairs."""
     seeds = sorted(a.keys() & b.keys())
     if len(seeds) < 2:
         return None
@@ -214,12 +250,12 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def paired_less(a: Sequence[float], b: Sequence[float]) -> dict:
     """Claim mean(a) < mean(b) over paired seeds: the paired t-test on d = a − b (two-sided p, to be
-    Holm-adjusted by :func:`decide`), the one-sided p-values, the exact sign-flip p, mean d and its 95% CI."""
+    Holm-adjusted by :func:`decide`), the one-sided p-values, the sign-flip p, mean d and its 95% CI."""
     d = paired_differences(a, b)
     mean, ci = mean_ci(d) if d else (float("nan"), float("nan"))
     return {
         "kind": "less",
-        "test": "paired t-test on per-seed differences (two-sided, Holm-adjusted); exact sign-flip p beside it",
+        "test": "paired t-test on per-seed differences (two-sided, Holm-adjusted); sign-flip p beside it",
         "n_pairs": len(d),
         "differences": d,
         "mean_difference": mean,
@@ -243,7 +279,7 @@ def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float) -> 
     return {
         "kind": "equivalent",
         "test": f"paired TOST on per-seed differences (margin ±{margin:.4g}, Holm-adjusted); paired t-test of a "
-        "difference and exact sign-flip p beside it",
+        "difference and sign-flip p beside it",
         "margin": margin,
         "n_pairs": len(d),
         "differences": d,
