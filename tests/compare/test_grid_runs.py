@@ -181,6 +181,36 @@ def test_a_merge_of_listed_seeds_takes_each_seed_whole_and_later_files_of_runs_i
 
 
 @pytest.mark.slow
+def test_a_merge_that_fails_part_way_leaves_the_grid_as_it_was(tmp_path, monkeypatch):
+    """A summary that cannot be computed (as a sign-flip p of 21 seeds once could not) after the runs were copied
+    and grid.json written: the copied runs are removed and grid.json, summary.json and summary.md are the bytes they
+    were, so a second merge records the runs it brings in."""
+    kw = dict(seeds=2, steps=1, methods=("k2_as_loss", "k3_as_loss"), primary="k2_as_loss<k3_as_loss:kl", **KW)
+    lane, out = tmp_path / "lane", tmp_path / "results"
+    run_compare(lane, only_seeds=[0], **kw)
+    merge_grids([lane], out, seeds=[0])
+    run_compare(lane, only_seeds=[1], **kw)
+    before = {name: (out / name).read_bytes() for name in ("grid.json", "summary.json", "summary.md")}
+    runs_before = sorted(p.name for p in (out / "runs").iterdir())
+    real = grid_module.write_summary
+
+    def failing(out_dir, record):
+        (out_dir / "summary.json").write_text("{}")  # half written
+        raise ValueError("cannot summarise")
+
+    monkeypatch.setattr(grid_module, "write_summary", failing)
+    with pytest.raises(ValueError, match="cannot summarise"):
+        merge_grids([lane], out, seeds=[1])
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in (out / "runs").iterdir()) == runs_before
+    monkeypatch.setattr(grid_module, "write_summary", real)
+    merge_grids([lane], out, seeds=[1])
+    record = json.loads((out / "grid.json").read_text())
+    assert record["merged_from"][-1]["copied"] == {str(lane): ["k2_as_loss-beta0.5-seed1", "k3_as_loss-beta0.5-seed1"]}
+    assert len(record["merged_from"]) == 2  # the failed attempt left no entry
+
+
+@pytest.mark.slow
 def test_one_seeds_methods_run_apart_and_merged_are_the_runs_of_one_invocation(tmp_path):
     kw = dict(seeds=2, steps=1, methods=("k2_as_loss", "k3_as_loss"), only_seeds=[0], **KW)
     run_compare(tmp_path / "whole", **kw)

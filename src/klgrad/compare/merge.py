@@ -138,9 +138,9 @@ def merge_grids(inputs: list[Path], out_dir: Path, seeds: list[int] | None = Non
     """Merge the grid folders ``inputs`` into ``out_dir`` (module docstring); returns the summary.
 
     ``out_dir`` may already hold a grid of the same revision and design (it then counts as one more input), or be
-    one of the inputs. ``seeds``: merge only these seeds' runs, each seed whole (refused otherwise)."""
-    from klgrad.compare.grid import write_summary
-
+    one of the inputs. ``seeds``: merge only these seeds' runs, each seed whole (refused otherwise). A merge that
+    fails part-way (a summary that cannot be computed, say) leaves ``out_dir`` as it found it: the runs and files it
+    copied are removed and grid.json, summary.json and summary.md put back."""
     records = []
     for d in inputs:
         r = read_grid(d)
@@ -154,43 +154,75 @@ def merge_grids(inputs: list[Path], out_dir: Path, seeds: list[int] | None = Non
     if seeds is not None:
         check_whole_seeds(records, seeds)
     with run_lock(out_dir):
-        skipped: list[str] = []
-        copied: dict[str, list[str]] = {}
-        for d, _ in records:
-            for run in sorted((d / "runs").glob("*")) if (d / "runs").is_dir() else []:
-                if seeds is not None and run_seed(run.name) not in seeds:
-                    continue
-                dest = out_dir / "runs" / run.name
-                if not (run / "final.json").is_file():
-                    skipped.append(str(run))
-                    continue
-                if dest.resolve() == run.resolve():
-                    continue
-                if dest.exists():
-                    if not same_file(run / "final.json", dest / "final.json"):
-                        raise GridMismatchError(f"run {run.name} is in {d} and in {out_dir} with different final.json")
-                    if add_new_files(run, dest):
-                        copied.setdefault(str(d), []).append(f"{run.name} (new files)")
-                    continue
-                shutil.copytree(run, dest, ignore=COPY_IGNORE)
-                copied.setdefault(str(d), []).append(run.name)
-        first = records[0][1]
-        methods: list[str] = []
-        for _, r in records:
-            methods += [m for m in r["methods"] if m not in methods]
-        record = {
-            **{k: v for k, v in first.items() if k not in ("sessions", "merged_from", "amendments")},
-            "methods": methods,
-            "seeds": max(r["seeds"] for _, r in records),
-            "created": min(r.get("created", now()) for _, r in records),
-            "pinned": all(r.get("pinned") for _, r in records),
-            **({"amendments": merged_amendments(records)} if merged_amendments(records) else {}),
-            "sessions": once([s for _, r in records for s in r.get("sessions", [])]),
-            "merged_from": [
-                *(existing or {}).get("merged_from", []),
-                {"at": now(), "inputs": [str(d) for d, _ in records], "copied": copied, "skipped": skipped},
-            ],
-        }
-        write_json(out_dir / GRID_FILE, record)
-        summary = write_summary(out_dir, record)
+        kept = {name: (out_dir / name).read_bytes() for name in ROLLED_BACK if (out_dir / name).is_file()}
+        new_paths: list[Path] = []  # what this merge adds to out_dir: removed again if it fails
+        try:
+            return merge_into(records, out_dir, seeds, existing, new_paths)
+        except BaseException:
+            for path in reversed(new_paths):
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            for name in ROLLED_BACK:
+                if name in kept:
+                    (out_dir / name).write_bytes(kept[name])
+                else:
+                    (out_dir / name).unlink(missing_ok=True)
+            raise
+
+
+ROLLED_BACK = (GRID_FILE, "summary.json", "summary.md")
+"""The files of a grid folder a failed merge puts back as they were (the figures are redrawn by the next one)."""
+
+
+def merge_into(
+    records: list[tuple[Path, dict]], out_dir: Path, seeds: list[int] | None, existing: dict | None, new_paths: list
+) -> dict:
+    """The body of :func:`merge_grids` under its lock: copy the runs, write grid.json and the summary; every path
+    it creates is appended to ``new_paths`` as it is created."""
+    from klgrad.compare.grid import write_summary
+
+    skipped: list[str] = []
+    copied: dict[str, list[str]] = {}
+    for d, _ in records:
+        for run in sorted((d / "runs").glob("*")) if (d / "runs").is_dir() else []:
+            if seeds is not None and run_seed(run.name) not in seeds:
+                continue
+            dest = out_dir / "runs" / run.name
+            if not (run / "final.json").is_file():
+                skipped.append(str(run))
+                continue
+            if dest.resolve() == run.resolve():
+                continue
+            if dest.exists():
+                if not same_file(run / "final.json", dest / "final.json"):
+                    raise GridMismatchError(f"run {run.name} is in {d} and in {out_dir} with different final.json")
+                added = add_new_files(run, dest)
+                new_paths += [dest / rel for rel in added]
+                if added:
+                    copied.setdefault(str(d), []).append(f"{run.name} (new files)")
+                continue
+            new_paths.append(dest)
+            shutil.copytree(run, dest, ignore=COPY_IGNORE)
+            copied.setdefault(str(d), []).append(run.name)
+    first = records[0][1]
+    methods: list[str] = []
+    for _, r in records:
+        methods += [m for m in r["methods"] if m not in methods]
+    record = {
+        **{k: v for k, v in first.items() if k not in ("sessions", "merged_from", "amendments")},
+        "methods": methods,
+        "seeds": max(r["seeds"] for _, r in records),
+        "created": min(r.get("created", now()) for _, r in records),
+        "pinned": all(r.get("pinned") for _, r in records),
+        **({"amendments": merged_amendments(records)} if merged_amendments(records) else {}),
+        "sessions": once([s for _, r in records for s in r.get("sessions", [])]),
+        "merged_from": [
+            *(existing or {}).get("merged_from", []),
+            {"at": now(), "inputs": [str(d) for d, _ in records], "copied": copied, "skipped": skipped},
+        ],
+    }
+    write_json(out_dir / GRID_FILE, record)
+    summary = write_summary(out_dir, record)
     return {**summary, "skipped": skipped}
