@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
+import klgrad.compare.merge as merge_module
 from klgrad.cli import main, parse_seed_list
 from klgrad.compare.claims import Claim, parse_claim
 from klgrad.compare.convergence import ConvergenceCriterion, converged, logged_densely, lr_decays, window_halves
 from klgrad.compare.design import GridMismatchError, allowed_seeds, amend_seeds, registered_seeds, settle_design
 from klgrad.compare.grid import PREDICTIONS, amended_primary, check_logged, prediction_tests, summarize
-from klgrad.compare.merge import check_mergeable
+from klgrad.compare.merge import add_new_files, check_mergeable, remove_created
 from klgrad.compare.provenance import (
     PIN_DIR_ENV,
     PIN_ENV,
@@ -625,3 +626,56 @@ def test_a_criterion_on_the_stepwise_kl_needs_every_run_to_log_it(tmp_path):
         check_logged(crit, [on, off])
     check_logged(ConvergenceCriterion(gap=0.08), [off])  # kl/k1 is always logged
     check_logged(None, [off])
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) under ``root``, by relative path."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
+
+
+def test_files_a_merge_adds_to_a_run_are_listed_before_each_copy_so_a_failed_copy_is_undone(tmp_path, monkeypatch):
+    """A run that gained files after it was merged (its downstream evaluation, say): the copy fails on the third
+    file. Every folder and file made before the failure is in the list, and removing it leaves the merged run as it
+    was; without the failure, the new files arrive and nothing already there is overwritten."""
+    run, dest = tmp_path / "lane" / "run", tmp_path / "out" / "run"
+    for rel, text in {
+        "final.json": "{}",
+        "metrics.jsonl": "lane",
+        "downstream/a.json": "a",
+        "downstream/b.json": "b",
+        "downstream/deep/c.json": "c",
+    }.items():
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text(text)
+    dest.mkdir(parents=True)
+    (dest / "final.json").write_text("{}")
+    (dest / "metrics.jsonl").write_text("merged")  # present: never overwritten
+    before = tree(dest)
+    real_copy, calls = merge_module.shutil.copy2, []
+
+    def failing_copy(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError("disk full")
+        return real_copy(src, dst)
+
+    monkeypatch.setattr(merge_module.shutil, "copy2", failing_copy)
+    created: list[Path] = []
+    with pytest.raises(OSError, match="disk full"):
+        add_new_files(run, dest, created)
+    assert (dest / "downstream" / "a.json").is_file()  # copied before the failure ...
+    assert dest / "downstream" / "a.json" in created  # ... and listed, with the folder made for it
+    assert dest / "downstream" in created
+    remove_created(created)
+    assert tree(dest) == before
+    monkeypatch.setattr(merge_module.shutil, "copy2", real_copy)
+    created = []
+    assert sorted(add_new_files(run, dest, created)) == [
+        "downstream/a.json",
+        "downstream/b.json",
+        "downstream/deep/c.json",
+    ]
+    assert (dest / "metrics.jsonl").read_text() == "merged"
+    assert set(created) == {dest / "downstream", dest / "downstream/deep"} | {
+        dest / r for r in ("downstream/a.json", "downstream/b.json", "downstream/deep/c.json")
+    }

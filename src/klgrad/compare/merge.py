@@ -76,9 +76,11 @@ def same_file(a: Path, b: Path) -> bool:
     return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
 
 
-def add_new_files(run: Path, dest: Path) -> list[str]:
+def add_new_files(run: Path, dest: Path, created: list[Path]) -> list[str]:
     """Copy into ``dest`` the files of ``run`` that ``dest`` lacks, except what :data:`LEFT_BEHIND` names;
-    returns their paths relative to ``run``. Nothing present in ``dest`` is overwritten."""
+    returns their paths relative to ``run``. Nothing present in ``dest`` is overwritten. Each folder and file it
+    creates is appended to ``created`` before it is created, so a copy that fails part-way leaves in ``created``
+    all there is to undo (:func:`remove_created`)."""
     added = []
     for root, dirs, files in os.walk(run):
         dirs[:] = [x for x in dirs if not left_behind(x)]  # never walk into a run's weights
@@ -86,10 +88,23 @@ def add_new_files(run: Path, dest: Path) -> list[str]:
             rel = Path(root, name).relative_to(run)
             if left_behind(name) or (dest / rel).exists():
                 continue
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            for folder in reversed(rel.parents[:-1]):  # a/b/c.txt: a, then a/b
+                if not (dest / folder).exists():
+                    created.append(dest / folder)
+                    (dest / folder).mkdir()
+            created.append(dest / rel)
             shutil.copy2(run / rel, dest / rel)
             added.append(str(rel))
     return added
+
+
+def remove_created(created: list[Path]) -> None:
+    """Remove the files and folders listed in ``created``, newest first (a folder's files before it)."""
+    for path in reversed(created):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def left_behind(name: str) -> bool:
@@ -159,11 +174,7 @@ def merge_grids(inputs: list[Path], out_dir: Path, seeds: list[int] | None = Non
         try:
             return merge_into(records, out_dir, seeds, existing, new_paths)
         except BaseException:
-            for path in reversed(new_paths):
-                if path.is_dir():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
+            remove_created(new_paths)
             for name in ROLLED_BACK:
                 if name in kept:
                     (out_dir / name).write_bytes(kept[name])
@@ -198,11 +209,13 @@ def merge_into(
             if dest.exists():
                 if not same_file(run / "final.json", dest / "final.json"):
                     raise GridMismatchError(f"run {run.name} is in {d} and in {out_dir} with different final.json")
-                added = add_new_files(run, dest)
-                new_paths += [dest / rel for rel in added]
+                added = add_new_files(run, dest, new_paths)
                 if added:
                     copied.setdefault(str(d), []).append(f"{run.name} (new files)")
                 continue
+            if not dest.parent.exists():
+                new_paths.append(dest.parent)  # out_dir/runs, first made by this merge
+                dest.parent.mkdir(parents=True)
             new_paths.append(dest)
             shutil.copytree(run, dest, ignore=COPY_IGNORE)
             copied.setdefault(str(d), []).append(run.name)
