@@ -120,7 +120,7 @@ def plot_convergence(
             need = v.get("seeds_needed")
             verdict = "passes" if all(still_and_resolved(mv, se, crit)) else "fails"
             ticks.append(x + 0.15)
-            labels.append(f"{m}\n{name}\n{verdict}" + ("" if need is None else f"; ~{need} seeds"))
+            labels.append(f"{m}\n{name}\n{verdict}" + ("" if need is None else f"\n~{need} seeds"))  # own line
             x += 1
     bx.axhline(0, color="black", lw=0.8)
     bx.set_xticks(ticks, labels, fontsize=7, rotation=30 if groups > 4 else 0, ha="right" if groups > 4 else "center")
