@@ -18,9 +18,25 @@ import pytest
 import klgrad.compare.merge as merge_module
 from klgrad.cli import main, parse_seed_list
 from klgrad.compare.claims import Claim, parse_claim
-from klgrad.compare.convergence import ConvergenceCriterion, converged, logged_densely, lr_decays, window_halves
+from klgrad.compare.convergence import (
+    ConvergenceCriterion,
+    MethodRuns,
+    converged,
+    logged_densely,
+    lr_decays,
+    window_halves,
+)
+from klgrad.compare.convergence_plot import verdict_text
 from klgrad.compare.design import GridMismatchError, allowed_seeds, amend_seeds, registered_seeds, settle_design
-from klgrad.compare.grid import PREDICTIONS, amended_primary, check_logged, prediction_tests, summarize
+from klgrad.compare.grid import (
+    PREDICTIONS,
+    amended_primary,
+    check_logged,
+    convergence_markdown,
+    grid_convergence,
+    prediction_tests,
+    summarize,
+)
 from klgrad.compare.merge import add_new_files, check_mergeable, remove_created
 from klgrad.compare.provenance import (
     PIN_DIR_ENV,
@@ -510,6 +526,30 @@ def test_convergence_met_by_flat_precise_runs_with_a_decaying_lr():
     assert abs(out["moved"]) <= 2 * out["se"]
     assert out["se"] <= 0.02
     assert "at most 0.25 × the stated gap 0.08" in crit.text()
+
+
+def test_an_amended_grid_decides_convergence_once_at_its_amended_seed_count_not_at_the_first_merge_that_passes():
+    n, crit = 40, ConvergenceCriterion(gap=0.08)
+    plain = {"convergence": crit.as_dict(), "steps": n, "seeds": 12}
+    amended = amend_seeds({**plain, "seeds": 4, "primary": "a<b:kl"}, 12, "se bound", [0, 1], "abc", AT[0])
+
+    def data(seeds: int) -> dict[str, MethodRuns]:
+        runs = MethodRuns(_runs(seeds, n, 0.3, noise=0.02), [_decaying_lr(n)] * seeds, list(range(seeds)))
+        return {"a": runs, "b": runs}
+
+    assert grid_convergence(data(8), plain)["met"] is True  # a grid never amended: decided on what it has
+    interim = grid_convergence(data(8), amended)
+    assert interim["met"] is None  # 8 of 12 seeds: the test passes, but it is not the verdict yet
+    assert interim["so_far"] == {"met": True, "seeds": 8}
+    assert interim["decided_at_seeds"] == 12
+    assert "not decided yet (decided once, at 12 seeds" in "\n".join(convergence_markdown({"convergence": interim}))
+    assert verdict_text(interim) == "not decided (8 of 12 seeds; the test passes so far)"
+    final = grid_convergence(data(12), amended)
+    assert final["met"] is True
+    assert "so_far" not in final
+    assert verdict_text(final) == "met"
+    noisy = {m: MethodRuns(_runs(12, n, 0.3, noise=1.0), d.lrs, d.seeds) for m, d in data(12).items()}
+    assert grid_convergence(noisy, amended)["met"] is False  # decided at 12, and failed
 
 
 def test_convergence_not_met_by_a_trend_by_noise_by_sparse_logs_or_a_constant_lr():

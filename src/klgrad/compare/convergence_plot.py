@@ -120,7 +120,8 @@ def plot_convergence(
             need = v.get("seeds_needed")
             verdict = "passes" if all(still_and_resolved(mv, se, crit)) else "fails"
             ticks.append(x + 0.15)
-            labels.append(f"{m}\n{name}\n{verdict}" + ("" if need is None else f"\n~{need} seeds"))  # own line
+            wrapped = name.replace(" the ", "\nthe ", 1)  # two short lines: neighbouring labels stay apart
+            labels.append(f"{m}\n{wrapped}\n{verdict}" + ("" if need is None else f"\n~{need} seeds"))  # own line
             x += 1
     bx.axhline(0, color="black", lw=0.8)
     bx.set_xticks(ticks, labels, fontsize=7, rotation=30 if groups > 4 else 0, ha="right" if groups > 4 else "center")
@@ -132,9 +133,21 @@ def plot_convergence(
     )
     bx.grid(alpha=0.3, axis="y")
     fig.suptitle(
-        f"convergence: {'met' if record.get('met') else 'not met'} at {record.get('steps')} steps"
+        f"convergence: {verdict_text(record)} at {record.get('steps')} steps"
         + ("" if bound is None else " (~N seeds: the seeds the SE bound needs at the spread seen so far)"),
         fontsize=11,
     )
     fig.tight_layout()
     save(fig, path, dpi=110)
+
+
+def verdict_text(record: dict) -> str:
+    """The figure's verdict: met, not met, or, for a grid decided at an amended seed count not yet reached,
+    "not decided (n of N seeds; the test passes/fails so far)"."""
+    so_far = record.get("so_far")
+    if record.get("met") is None and so_far:
+        return (
+            f"not decided ({so_far['seeds']} of {record['decided_at_seeds']} seeds; "
+            f"the test {'passes' if so_far['met'] else 'fails'} so far)"
+        )
+    return "met" if record.get("met") else "not met"

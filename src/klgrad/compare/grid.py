@@ -40,6 +40,7 @@ from klgrad.compare.convergence import ConvergenceCriterion, MethodRuns, converg
 from klgrad.compare.convergence_plot import plot_convergence
 from klgrad.compare.design import (
     GRID_FILE,
+    allowed_seeds,
     amend_seeds,
     now,
     read_grid,
@@ -436,16 +437,25 @@ def convergence_series(out_dir: Path, record: dict, results: list[dict]) -> dict
 
 def grid_convergence(data: dict[str, MethodRuns], record: dict) -> dict:
     """``summary.json``'s ``convergence``: the recorded criterion on :func:`convergence_series`'s runs (each
-    method's record with its ``seeds``, the order of its ``deltas``); met when every method meets it."""
+    method's record with its ``seeds``, the order of its ``deltas``); met when every method meets it.
+
+    A grid whose seed count was amended decides the criterion once, at the amended count (``decided_at_seeds``):
+    until every method has that many seeds ``met`` is None (not decided) and ``so_far`` holds the test on the
+    seeds finished, ``{"met", "seeds"}``, an interim look that must not be read as the verdict (a criterion
+    checked after every merge and declared met the first time it passes would be met by noise sooner or later).
+    """
     crit = ConvergenceCriterion(**record["convergence"])
     by_method = {m: {**converged(d.series, d.lrs, crit), "seeds": d.seeds} for m, d in data.items()}
-    return {
-        "criterion": crit.text(),
-        "met": bool(by_method) and all(v["met"] for v in by_method.values()),
-        "steps": record["steps"],
-        "parameters": crit.as_dict(),
-        "by_method": by_method,
-    }
+    met = bool(by_method) and all(v["met"] for v in by_method.values())
+    out = {"criterion": crit.text(), "met": met, "steps": record["steps"], "parameters": crit.as_dict()}
+    if record.get("amendments"):
+        decide_at = allowed_seeds(record)
+        seeds = min((len(d.seeds) for d in data.values()), default=0)
+        out["decided_at_seeds"] = decide_at
+        if seeds < decide_at:
+            out["met"] = None
+            out["so_far"] = {"met": met, "seeds": seeds}
+    return {**out, "by_method": by_method}
 
 
 def write_summary(out_dir: Path, record: dict) -> dict:
@@ -1076,6 +1086,12 @@ def convergence_markdown(summary: dict) -> list[str]:
     if c is None:
         return []
     met = {True: "**met**", False: "**not met**", None: "not decided yet"}[c["met"]]
+    if c.get("so_far"):
+        so_far = "passes" if c["so_far"]["met"] else "fails"
+        met += (
+            f" (decided once, at {c['decided_at_seeds']} seeds, as the grid's amendment states; on the "
+            f"{c['so_far']['seeds']} seeds finished so far the test {so_far}, an interim look, not the verdict)"
+        )
     lines = [
         "## Convergence",
         "",
