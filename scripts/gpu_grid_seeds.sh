@@ -33,7 +33,9 @@
 #   1. carry .gpu1 .whl: bash scripts/gpu_model_parts.sh keep .gpu1 && python3 -m pip install -q --no-index
 #      --no-deps --target /tmp/site .whl/*.whl
 #   2. carry .gpu2: bash scripts/gpu_model_parts.sh unpack .gpu2 && GRID_JSON=.gpu2/grid.json BUDGET=530
-#      OUT=$OUT bash scripts/gpu_grid_seeds.sh         (one wave of PARALLEL runs took ~4.8 min on an H200)
+#      OUT=$OUT bash scripts/gpu_grid_seeds.sh         (one wave of PARALLEL runs took ~4.8 min on an H200;
+#      PARALLEL=8, two threads each, ran four seeds' eight runs in one wave of 537 s with the set-up:
+#      results/gpu/2026-11-28-h200. Use it when the machine's start has eaten the first call's minutes)
 #   3. carry .gpu2: the same with GPU_CHECK=0 and BUDGET what the lease has left less ~30 s: runs whose steps are
 #      done go straight to their final metrics, so the second wave of call 2 finishes here.
 set -uo pipefail
