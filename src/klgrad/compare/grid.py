@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -304,8 +305,21 @@ def run_steps_done(run_dir: Path) -> tuple[int, bool]:
 
 def append_provenance(run_dir: Path, entry: dict) -> None:
     """One line of ``run_dir/provenance.jsonl``: which machine and revision trained which steps of the run."""
+    run_dir.mkdir(parents=True, exist_ok=True)  # a run's first call writes its line before training creates it
     with (run_dir / "provenance.jsonl").open("a", encoding="utf-8") as f:
         f.write(json.dumps(entry) + "\n")
+
+
+def close_provenance(run_dir: Path, to_step: int) -> None:
+    """Set the last line's ``to_step`` (written as None when its call started training), atomically: a call killed
+    mid-run, even by SIGKILL, leaves its line with ``to_step`` None, and the steps it kept end where the next
+    line's ``from_step`` (the checkpoint it resumed from) begins."""
+    path = run_dir / "provenance.jsonl"
+    entries = read_jsonl(path)
+    entries[-1] = {**entries[-1], "to_step": to_step, "done_at": now()}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(e) + "\n" for e in entries), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def ran_on(run_dir: Path) -> list[str]:
@@ -335,7 +349,8 @@ def ensure_run(
     checkpoint with ``train.steps`` = ``steps`` (refused when ``--no-checkpoints`` deleted it). An interrupted run
     resumes from its newest periodic checkpoint. Then, in this order: the final metrics, each hook (weights still
     there), final.json (written atomically), and only then the checkpoints are deleted (``keep_checkpoints``
-    False). ``provenance`` (machine, revision) is appended to the run's provenance.jsonl for the steps trained.
+    False). ``provenance`` (machine, revision) is appended to the run's provenance.jsonl before training starts
+    (``to_step`` None) and closed with the last step trained: a killed call's machine is on record too.
     """
     run_dir = Path(cfg.train.out_dir)
     done = run_dir / "final.json"
@@ -353,9 +368,9 @@ def ensure_run(
     if not finished:
         ckpt = latest_checkpoint(run_dir)
         start = 0 if ckpt is None else int(ckpt.name.removeprefix("step_"))  # where training resumes
+        append_provenance(run_dir, {**provenance, "from_step": start, "to_step": None, "at": now()})
         train(cfg, resume=(run_dir / "metrics.jsonl").exists(), progress=False)
-        after, _ = run_steps_done(run_dir)
-        append_provenance(run_dir, {**provenance, "from_step": start, "to_step": after, "at": now()})
+        close_provenance(run_dir, run_steps_done(run_dir)[0])
     measured = cfg if nominal_beta is None else with_beta(cfg, nominal_beta)  # J_β at the grid's β
     with cpu_threads(cfg.train.threads):  # as training shares the CPU with other klgrad processes, so do these
         final = {
