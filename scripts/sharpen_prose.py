@@ -24,6 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from klgrad.compare.stats import holm as holm_adjust
+
 ROOT = Path(__file__).resolve().parents[1]
 GRID = ROOT / "results" / "smollm2_sharpen_converged"
 G, R, D = "results/smollm2_sharpen_converged/README.md", "README.md", "docs/reproduction.md"
@@ -184,10 +186,7 @@ def values(d: Path) -> dict[str, str]:
         "harder pass@k",
     ]
     ps = sorted((pr[c]["t_p"], c) for c in cols)
-    holm, run_max = {}, 0.0
-    for i, (pv, c) in enumerate(ps):
-        run_max = max(run_max, min(1.0, (len(cols) - i) * pv))
-        holm[c] = run_max
+    holm = dict(zip(cols, holm_adjust([pr[c]["t_p"] for c in cols]), strict=True))  # over the six columns
     for c, name in (("heldout pass@1", "h1"), ("harder greedy_accuracy", "hg")):
         v[f"dd_{name}"] = f"{sg(pr[c]['mean'])} [{sg(pr[c]['ci'][0])}, {sg(pr[c]['ci'][1])}]"
         v[f"dd_{name}_p"] = pf(pr[c]["t_p"])
