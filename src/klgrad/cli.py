@@ -410,6 +410,15 @@ def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
 
     if args.pin:
         return exec_pinned(args)
+    if (args.merge or args.amend_seeds is not None) and overrides:
+        # they train nothing, so a token here is a mistake, most often a spaced seed list (--only-seeds 46 48)
+        # whose tail would otherwise be dropped without a word
+        print(
+            f"klgrad compare: unrecognized arguments {' '.join(overrides)} (--merge and --amend-seeds take no "
+            "config overrides; a seed list is one argument: --only-seeds 46,48,49 or 4-7)",
+            file=sys.stderr,
+        )
+        return 2
     if args.merge:
         return cmd_merge(args)
     if args.amend_seeds is not None:

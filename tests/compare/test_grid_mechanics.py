@@ -415,6 +415,8 @@ def test_amend_seeds_on_the_command_line_records_the_amendment_or_refuses_with_e
     rec["convergence"] = ConvergenceCriterion().as_dict()
     write_json(out / "grid.json", rec)
     assert main(["compare", "--out", str(out), "--amend-seeds", "8"]) == 2  # no reason
+    assert main(["compare", "--out", str(out), "--amend-seeds", "8", "9", "--reason", "x"]) == 2  # a stray "9"
+    assert json.loads((out / "grid.json").read_text())["seeds"] == 4  # nothing amended
     assert main(["compare", "--out", str(out), "--amend-seeds", "8", "--reason", "the se bound"]) == 0
     grid = json.loads((out / "grid.json").read_text())
     assert grid["seeds"] == 8

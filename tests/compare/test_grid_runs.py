@@ -156,6 +156,9 @@ def test_a_merge_of_listed_seeds_takes_each_seed_whole_and_later_files_of_runs_i
         merge_grids([lane], out, seeds=[2])
     assert not out.exists()  # refused before anything is written
     assert main(["compare", "--merge", str(lane), "--only-seeds", "1", "--out", str(out)]) == 2
+    # a spaced seed list would merge seed 0 alone and drop "1" silently: refused before anything is written
+    assert main(["compare", "--merge", str(lane), "--only-seeds", "0", "1", "--out", str(out)]) == 2
+    assert not out.exists()
 
     summary = merge_grids([lane], out, seeds=[0])
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["k2_as_loss-beta0.5-seed0", "k3_as_loss-beta0.5-seed0"]
