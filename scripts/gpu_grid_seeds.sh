@@ -111,3 +111,9 @@ tar czf "$OUT/grid.tgz" -C "$WORK" --exclude=checkpoints --exclude='*.safetensor
 # without the check's 0.5B model and weights: a file that comes back from the machine is at most 16 MiB
 [ -d "$WORK/gpu_check" ] && tar czf "$OUT/gpu_check.tgz" -C "$WORK" --exclude=model --exclude=checkpoints --exclude='*.safetensors' gpu_check 2>/dev/null
 tar czf "$OUT/logs.tgz" -C "$WORK" logs
+# the check ran in the background: its end in this call's output, so a check that stopped early is seen here
+# (2026-11-28 evening: it stopped at its dependency check, jsonschema missing, and nothing here said so)
+if [ -f "$WORK/logs/gpu_check.txt" ]; then
+  echo "--- gpu_check (the end of logs/gpu_check.txt) ---"
+  tail -n 4 "$WORK/logs/gpu_check.txt"
+fi

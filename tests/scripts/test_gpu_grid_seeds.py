@@ -85,7 +85,8 @@ def test_the_queue_runs_each_seed_and_method_once_in_its_own_folder_at_most_para
         "OUT": str(tmp_path),
         "WORK": str(work),
     }
-    subprocess.run(["bash", str(SCRIPT)], env=env, check=True, capture_output=True, timeout=120)
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, check=True, capture_output=True, text=True, timeout=120)
+    assert "--- gpu_check" not in done.stdout  # GPU_CHECK=0: no check ran, none is reported
     text = log.read_text()
     lines = text.splitlines()
     compares = [ln for ln in lines if "klgrad compare" in ln]
