@@ -6,7 +6,7 @@
 The grid (results/smollm2_sharpen_converged) grows by merges, and its README, README.md and docs/reproduction.md
 quote some sixty of its numbers: tests, intervals, counts, convergence standard errors, gradient norms, downstream
 columns. Each quoting sentence is a template below; :func:`values` computes every field from the grid's committed
-files (``summary.json``, ``noise.json``, ``prediction.json``, ``optimum_summary.json``, ``downstream.json``, the
+files (``summary.json``, ``noise.json``, ``prediction.json``, ``optimum_summary.json``, ``downstream.json``, ``primary.json``, the
 runs' ``metrics.jsonl``). ``check`` renders the templates with the committed values and asks each to occur exactly
 once in its file; ``update`` renders them with OLD_GRID's values (a copy of the grid folder taken before the merge),
 asks the same of those, and replaces each with the new rendering, appending the merge to the two lists that grow
@@ -92,8 +92,8 @@ def values(d: Path) -> dict[str, str]:
     v["all_below"] = str(a["n_negative"])
     v["all_p"] = pf(a["p_value"])
     v["all_below_zero"] = str(a["ci95"][1] < 0)  # "k3 ends a little closer" (the interval excludes 0)
-    # "a sixth of the predicted size": the predicted −0.093 is results/regime/smollm2_sharpen_beta0.5_train_k256's
-    v["all_frac"] = f"1/{round(-0.093 / a['mean_difference'])}" if a["mean_difference"] < 0 else "none"
+    predicted = json.loads((d / "primary.json").read_text())["k3_minus_k2"]["predicted"]  # the regime's −0.093
+    v["all_frac"] = f"1/{round(predicted / a['mean_difference'])}" if a["mean_difference"] < 0 else "none"
     lg = preds["logp_gap"]
     v["lg"] = f"{sg(lg['mean_difference'], 4)} [{sg(lg['ci95'][0], 4)}, {sg(lg['ci95'][1], 4)}]"
     v["lg_holm"] = pf(lg["p_adjusted"])
@@ -103,7 +103,7 @@ def values(d: Path) -> dict[str, str]:
     v["rs_holm"] = pf(rs["p_adjusted"])
     v["rs_verdict"] = rs["verdict"]
     c = s["convergence"]
-    v["so_far_met"] = str(c["so_far"]["met"] if c["met"] is None else c["met"])  # the interim look, or the verdict
+    v["conv_met"] = str(c["so_far"]["met"] if c["met"] is None else c["met"])  # the interim look, or the verdict
     for m, k in (("k3_as_loss", "k3"), ("k2_as_loss", "k2")):
         b = c["by_method"][m]
         v[f"{k}_moved"] = sg(b["moved"])
@@ -207,8 +207,7 @@ def values(d: Path) -> dict[str, str]:
     seeds = sorted({r["seed"] for r in s["runs"] if r["method"] == "k3_as_loss"})
     added = [x for x in seeds if x >= 16]
     v["added"] = and_join(ranges(added))
-    gpu = {46, 48, 49, 50, 51, 52, 53, 54, 55}  # trained on an H200 (results/gpu/)
-    amd = [6] + [x for x in added if x not in gpu]
+    amd = sorted({r["seed"] for r in s["runs"] if any("AMD EPYC" in m for m in r["ran_on"])})
     v["amd"] = and_join(ranges(amd))
     return v
 
@@ -401,7 +400,7 @@ def derived(v: dict[str, str]) -> dict[str, str]:
 ASSUMED = (  # words the templates hold fixed, and the value that keeps them true
     ("ho_verdict", "opposite"),
     ("rs_verdict", "supported"),
-    ("so_far_met", "True"),
+    ("conv_met", "True"),
     ("all_below_zero", "True"),
     ("all_frac", "1/6"),
     ("lg_verdict", "opposite"),

@@ -17,7 +17,7 @@ prose = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(prose)
 
 GRID = ROOT / "results" / "smollm2_sharpen_converged"
-FILES = ("summary.json", "noise.json", "prediction.json", "optimum_summary.json", "downstream.json")
+FILES = ("summary.json", "noise.json", "prediction.json", "optimum_summary.json", "downstream.json", "primary.json")
 
 
 def copy_docs(root: Path) -> Path:
