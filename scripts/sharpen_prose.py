@@ -7,12 +7,12 @@ The grid (results/smollm2_sharpen_converged) grows by merges, and its README, RE
 quote some sixty of its numbers: tests, intervals, counts, convergence standard errors, gradient norms, downstream
 columns. Each quoting sentence is a template below; :func:`values` computes every field from the grid's committed
 files (``summary.json``, ``noise.json``, ``prediction.json``, ``optimum_summary.json``, ``downstream.json``,
-``primary.json``, the runs' ``metrics.jsonl``). ``check`` renders the templates with the committed values and asks each to occur exactly
-once in its file; ``update`` renders them with OLD_GRID's values (a copy of the grid folder taken before the merge),
-asks the same of those, and replaces each with the new rendering, appending the merge to the two lists that grow
-(the held-out test's history, the seed counts at which the reward-spread claim was supported). It refuses when a
-sentence's words would turn false with the new numbers (a verdict that flips, a bound no longer met): those are
-edited by hand, and the template with them.
+``primary.json``, the runs' ``metrics.jsonl``). ``check`` renders the templates with the committed values and asks
+each to occur exactly once in its file; ``update`` renders them with OLD_GRID's values (a copy of the grid folder
+taken before the merge), asks the same of those, and replaces each with the new rendering, appending the merge to
+the two lists that grow (the held-out test's history, the seed counts at which the reward-spread claim was
+supported). It refuses when a sentence's words would turn false with the new numbers (a verdict that flips, a bound
+no longer met): those are edited by hand, and the template with them.
 """
 
 from __future__ import annotations
