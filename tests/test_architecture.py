@@ -164,14 +164,13 @@ TESTS = Path(__file__).resolve().parent
 CHECKOUT_SRC = TESTS.parent / "src" / "klgrad"
 WHOLE_PACKAGE = {
     "test_architecture.py": "the layers of every module, and this layout",
-    "test_gpu.py": "train, the fast forward and the sampler on a CUDA GPU (scripts/gpu_check.sh runs it by name)",
+    "test_gpu.py": "train, the fast forward and the sampler on a CUDA GPU (tools/gpu_check.sh runs it by name)",
     "test_package_data.py": "what a wheel of the package carries",
     "test_reference_docs.py": "the hand-written reference pages against the whole package",
 }
 """Top-level test modules about the package as a whole rather than one module, with what each covers."""
 OTHER_FOLDERS = {
     "helpers": "the shared helpers, the package tests.helpers",
-    "scripts": "the tests of the checkout's scripts/, test_<script>.py each",
 }
 
 
@@ -193,9 +192,25 @@ def test_test_folders_mirror_the_package():
             continue
         misplaced.append(path.name)
     assert misplaced == [], "move these into the folder of the subpackage they test"
-    scripts = {p.stem for p in (TESTS.parent / "scripts").iterdir()}
-    tested = {p.stem.removeprefix("test_") for p in (TESTS / "scripts").glob("*.py")}
-    assert sorted(tested - scripts) == [], "tests/scripts/ holds test_<script>.py for a script of scripts/"
     for folder in folders - {"helpers"}:
         strays = [p.name for p in (TESTS / folder).glob("*.py") if not p.name.startswith("test_")]
         assert strays == [], f"tests/{folder}/ holds test modules only; shared code goes to tests/helpers/"
+
+
+CHECKOUT = TESTS.parent
+
+
+def test_studies_live_in_experiments_and_tooling_in_tools():
+    """The library is src/klgrad/; each study is a folder of experiments/ with its README (its claims) beside its
+    evidence and its drivers; repository tooling (the GPU check, the wheelhouse, the verl venv) is tools/; there is
+    no scripts/ folder, and results/ keeps only the GPU machines' reports. A test of a study's or a tool's script
+    sits beside the script (test_<script>.py) and names one that exists."""
+    assert not (CHECKOUT / "scripts").exists(), "study drivers go to experiments/<study>/, tooling to tools/"
+    assert sorted(p.name for p in (CHECKOUT / "results").iterdir()) == ["gpu"]
+    studies = [p for p in (CHECKOUT / "experiments").iterdir() if p.is_dir()]
+    assert studies, "experiments/ holds the studies"
+    for folder in [*studies, CHECKOUT / "tools"]:
+        assert folder.name == "tools" or (folder / "README.md").is_file(), f"{folder.name} has no README.md"
+        scripts = {p.stem for p in folder.iterdir() if p.suffix in {".py", ".sh"} and not p.name.startswith("test_")}
+        tested = {p.stem.removeprefix("test_") for p in folder.glob("test_*.py")}
+        assert sorted(tested - scripts) == [], f"{folder.name}: test_<script>.py for a script that is not there"

@@ -66,7 +66,8 @@ def test_bash_script_is_valid_syntax(bash_script, tmp_path):
 def test_bash_completes_subcommands(bash_script):
     got = _bash_complete(bash_script, ["klgrad", ""])
     assert "train" in got
-    assert set(got) == {"audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "completion"}
+    commands = {"audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "convert-benchmarks"}
+    assert set(got) == {*commands, "completion"}
     assert _bash_complete(bash_script, ["klgrad", "tr"]) == ["train"]
 
 
@@ -107,6 +108,7 @@ def test_spec_reads_the_parser():
         "export",
         "regime",
         "reproduce",
+        "convert-benchmarks",
         "completion",
     ]
     head = next(o for o in spec["train"]["options"] if o.flag == "--kl.head")

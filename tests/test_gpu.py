@@ -1,4 +1,4 @@
-"""klgrad on a CUDA GPU (marker ``gpu``; scripts/gpu_check.sh runs ``pytest -m gpu tests/test_gpu.py``). Every
+"""klgrad on a CUDA GPU (marker ``gpu``; tools/gpu_check.sh runs ``pytest -m gpu tests/test_gpu.py``). Every
 test here is skipped when torch sees no CUDA GPU.
 
 - ``klgrad train`` with ``model.device: auto`` puts the policy, the reference and every rollout tensor on cuda,

@@ -900,6 +900,33 @@ def _reproduce(args: argparse.Namespace, out: Path) -> int:
     return 0
 
 
+def add_convert_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad convert-benchmarks FILE ... --out DIR``: downloaded benchmark files into ``klgrad eval``'s rows."""
+    from klgrad.eval.convert import FORMATS
+
+    v = sub.add_parser(
+        "convert-benchmarks",
+        help="convert downloaded benchmark files (MATH-500, AIME, GSM8K, GPQA, ...) into klgrad eval's JSONL",
+        description="Convert public benchmark files you have downloaded into JSONL rows {id, prompt, answer} that "
+        "klgrad eval reads (docs/eval.md lists the layouts it knows).",
+    )
+    v.add_argument("sources", nargs="+", type=Path, help="downloaded benchmark files (.jsonl, .json, .parquet, .csv)")
+    v.add_argument("--out", type=Path, required=True, help="folder for the converted NAME.jsonl files")
+    v.add_argument("--name", default=None, help="output name (one source only; default: the source's file stem)")
+    v.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source layout (default: detected)")
+    v.add_argument("--instruction", default=None, help="appended to each prompt ('' for none; default: per format)")
+    v.add_argument("--seed", type=int, default=0, help="seed of the GPQA option shuffle")
+    v.set_defaults(func=cmd_convert_benchmarks)
+
+
+def cmd_convert_benchmarks(args: argparse.Namespace) -> int:
+    from klgrad.eval.convert import convert_sources
+
+    return convert_sources(
+        args.sources, args.out, name=args.name, fmt=args.format, instruction=args.instruction, seed=args.seed
+    )
+
+
 def add_completion_parser(sub: argparse._SubParsersAction) -> None:
     """``klgrad completion SHELL``: the shell completion script (:mod:`klgrad.completion`)."""
     k = sub.add_parser(
@@ -931,6 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_export_parser,
         add_regime_parser,
         add_reproduce_parser,
+        add_convert_parser,
         add_completion_parser,
     ):
         add(sub)

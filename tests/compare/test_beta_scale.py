@@ -163,7 +163,8 @@ def test_a_scaled_grid_records_each_beta_trains_at_it_and_extends_like_any_other
 
 @pytest.mark.slow
 def test_seeds_run_apart_with_a_given_length_merge_with_their_effective_betas(tmp_path):
-    """``PARALLEL`` in scripts/frameworks_grid.sh: each seed into its own folder with L̄ given (recorded as given),
+    """``PARALLEL`` in experiments/smollm2_frameworks/frameworks_grid.sh:
+    each seed into its own folder with L̄ given (recorded as given),
     merged into one grid whose summary states each method's β'."""
     kw = dict(seeds=2, steps=1, methods=("trl/grpo-k3", "k2_as_loss"), beta_scale=f"length={L}", **KW)
     run_compare(tmp_path / "a", only_seeds=[0], **kw)

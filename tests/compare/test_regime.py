@@ -146,9 +146,9 @@ def test_the_most_influential_prompt_is_the_one_that_carries_the_gap():
 
 
 def test_the_committed_held_out_tie_is_carried_by_one_prompt():
-    """results/regime/smollm2_sharpen_beta0.5_heldout_k256: a tie over 22 held-out prompts; without "2 + 7" (the
+    """experiments/regime/smollm2_sharpen_beta0.5_heldout_k256: a tie over 22 held-out prompts; without "2 + 7" (the
     reference right once in 256) k3's fixed points are 0.086 below π*, as on the training prompts."""
-    path = Path(__file__).resolve().parents[2] / "results" / "regime" / "smollm2_sharpen_beta0.5_heldout_k256"
+    path = Path(__file__).resolve().parents[2] / "experiments" / "regime" / "smollm2_sharpen_beta0.5_heldout_k256"
     result = json.loads((path / "regime.json").read_text())
     top = most_influential(result["prompts"])
     assert result["closer"] == "tie"
@@ -202,7 +202,7 @@ def test_regime_on_the_held_out_prompts_follows_their_order(tmp_path: Path):
         run_regime(cfg, tmp_path, beta=None, samples=2, prompts=3, seed=0, split="test")
 
 
-COMMITTED = sorted((Path(__file__).resolve().parents[2] / "results" / "regime").glob("*/regime.json"))
+COMMITTED = sorted((Path(__file__).resolve().parents[2] / "experiments" / "regime").glob("*/regime.json"))
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.parent.name)

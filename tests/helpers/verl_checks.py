@@ -1,6 +1,6 @@
 """Checks of klgrad.integrations.verl against the installed verl; runs in the verl environment, prints JSON.
 
-Run by tests/integrations/test_verl.py with the venv's python (scripts/verl_env.sh builds it); by hand:
+Run by tests/integrations/test_verl.py with the venv's python (tools/verl_env.sh builds it); by hand:
     VERL_USE_EXTERNAL_MODULES=klgrad.integrations.verl .venvs/verl/bin/python tests/helpers/verl_checks.py
 
 Output: one JSON object with

@@ -1,7 +1,7 @@
 """klgrad.integrations.verl against the real verl 0.9.1, in its own virtual environment.
 
 verl pins transformers >=5.5.3,<5.11, so it cannot share klgrad's main environment. A session fixture builds
-the environment with scripts/verl_env.sh when it is missing (about 2 minutes once; cached in .venvs/verl or
+the environment with tools/verl_env.sh when it is missing (about 2 minutes once; cached in .venvs/verl or
 $KLGRAD_VERL_ENV afterwards), then tests/helpers/verl_checks.py runs there in a subprocess and prints JSON that these
 tests assert on. Nothing is skipped: if the environment cannot be built the tests fail with pip's output.
 """
@@ -25,9 +25,9 @@ F32 = 1e-6  # float32 losses computed by two paths of the same math
 
 @pytest.fixture(scope="session")
 def verl_python() -> Path:
-    """The verl environment's python, built by scripts/verl_env.sh if needed (idempotent)."""
+    """The verl environment's python, built by tools/verl_env.sh if needed (idempotent)."""
     proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "verl_env.sh")],
+        ["bash", str(ROOT / "tools" / "verl_env.sh")],
         cwd=ROOT,
         env={**os.environ, "KLGRAD_VERL_ENV": str(ENV), "PYTHON": sys.executable},
         capture_output=True,
@@ -36,7 +36,7 @@ def verl_python() -> Path:
     )
     if proc.returncode != 0:
         tail = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "WARNING: Location" not in line)
-        pytest.fail(f"scripts/verl_env.sh could not build the verl environment at {ENV}:\n{tail[-4000:]}")
+        pytest.fail(f"tools/verl_env.sh could not build the verl environment at {ENV}:\n{tail[-4000:]}")
     return ENV / "bin" / "python"
 
 

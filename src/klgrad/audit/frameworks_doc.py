@@ -326,7 +326,8 @@ HEAD_TO_HEAD: tuple[tuple[str, str], ...] = (
     ("trl/rloo-k1-reward", "TRL remedy: its own flags for the exact gradient"),
     ("verl/kl-reward-gae", "verl remedy: its own flags for the exact gradient"),
 )
-"""The methods of the SmolLM2 head-to-head grid (``scripts/frameworks_grid.sh`` runs the same list), with their
+"""The methods of the SmolLM2 head-to-head grid (its
+``frameworks_grid.sh`` runs the same list), with their
 role."""
 HEAD_TO_HEAD_PRIMARY = "k2_as_loss<trl/grpo-k3-bias-correction:kl"
 """The grid's pre-registered primary hypothesis (``--primary``)."""
@@ -336,9 +337,9 @@ HEAD_TO_HEAD_TEXT = """## Head to head on SmolLM2 (protocol)
 Does what the audit says about each framework's default KL show in training a real LM? One `klgrad compare` grid
 trains the frameworks' defaults, klgrad's exact head, no KL and two frameworks' own remedies on SmolLM2-135M-Instruct
 (`configs/smollm2_sharpen.yaml`: 1-digit addition through its chat template, ≤ 24 tokens, τ = 0.7), everything but
-the KL term equal. 7 of the 8 registered seeds have run (`results/smollm2_frameworks/`: its README, `summary.md`,
+the KL term equal. 7 of the 8 registered seeds have run (`experiments/smollm2_frameworks/`: its README, `summary.md`,
 `headtohead.md` and `headtohead.png`); the result is below the protocol (“Head to head on SmolLM2: what it showed”).
-A dry run of the whole design on the tiny model is in `results/frameworks_tiny_dryrun/`.
+A dry run of the whole design on the tiny model is in `experiments/frameworks_tiny_dryrun/`.
 
 | method | role | KL enters | aggregation | β' (β = nominal) | audit, on-policy: rel. err vs ∇RKL | klgrad equivalent |
 |---|---|---|---|---|---|---|
@@ -401,11 +402,12 @@ Run it from a pinned revision (the grid records it and refuses another):
 
 ```bash
 # CPU: seeds one after another
-REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 bash scripts/frameworks_grid.sh
+REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 bash experiments/smollm2_frameworks/frameworks_grid.sh
 # CUDA: 8 seeds at once, each into OUT/seedS, then merged into OUT
-REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=8 bash scripts/frameworks_grid.sh
-# CUDA, one process per (seed, method), 16 at once, queued seed by seed (scripts/gpu_frameworks.sh runs this)
-REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=16 SPLIT=methods bash scripts/frameworks_grid.sh
+REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=8 bash experiments/smollm2_frameworks/frameworks_grid.sh
+# CUDA, one process per (seed, method), 16 at once, queued seed by seed (its gpu_frameworks.sh runs this)
+REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=16 SPLIT=methods \
+  bash experiments/smollm2_frameworks/frameworks_grid.sh
 ```
 
 Each seed is one `klgrad compare --pin REV --only-seeds S` with every method, so a seed's pairs complete together;
@@ -420,7 +422,7 @@ curves and the reward–KL points.
 ## Head to head on SmolLM2: what it showed
 
 7 seeds (0–6; 0, 1 and 3–6 on an H200, 2 on a 2-core CPU), mean [95% t interval] over seeds, KLs on the 22 held-out
-prompts at τ = 0.7; paired differences are per seed (`results/smollm2_frameworks/headtohead.md`).
+prompts at τ = 0.7; paired differences are per seed (`experiments/smollm2_frameworks/headtohead.md`).
 
 - **The primary hypothesis is rejected the other way.** klgrad's exact head ends *further* from the reference
   than TRL ≥ 1.10's default at the same nominal β: KL 0.225 [0.196, 0.253] against 0.177 [0.165, 0.189], paired
