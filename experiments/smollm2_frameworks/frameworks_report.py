@@ -18,12 +18,17 @@ Reads the grid's ``summary.json`` (every finished run's final numbers) and ``gri
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
 
-from klgrad.audit.frameworks_doc import HEAD_TO_HEAD
 from klgrad.compare.stats import mean_ci, paired_by_seed
 from klgrad.plotting import pyplot, save
+
+_spec = importlib.util.spec_from_file_location("smollm2_frameworks_protocol", Path(__file__).parent / "protocol.py")
+_protocol = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_protocol)
+HEAD_TO_HEAD = _protocol.HEAD_TO_HEAD
 
 COLUMNS = (
     ("stepwise_kl", "held-out KL(π‖π_ref)"),

@@ -1,18 +1,22 @@
 """frameworks_grid.sh, the SmolLM2 head-to-head grid: its syntax, its methods (every id a klgrad method or a
-framework preset, the list docs/frameworks.md describes), its primary hypothesis and its design flags."""
+framework preset, the list PROTOCOL.md describes), its primary hypothesis and its design flags."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
 
 from klgrad.audit.framework_head import PRESETS_BY_ID
-from klgrad.audit.frameworks_doc import HEAD_TO_HEAD, HEAD_TO_HEAD_PRIMARY
 from klgrad.compare.claims import parse_claim
 from klgrad.compare.grid import METHODS, check_claim
 
 SCRIPT = Path(__file__).resolve().parent / "frameworks_grid.sh"
+_spec = importlib.util.spec_from_file_location("smollm2_frameworks_protocol", SCRIPT.parent / "protocol.py")
+_protocol = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_protocol)
+HEAD_TO_HEAD, HEAD_TO_HEAD_PRIMARY = _protocol.HEAD_TO_HEAD, _protocol.HEAD_TO_HEAD_PRIMARY
 
 
 def script_methods() -> list[str]:

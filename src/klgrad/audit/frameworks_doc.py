@@ -5,16 +5,13 @@ committed page differs from a fresh run), and a remedy per framework whose claim
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from klgrad.audit.framework_kl import AGGREGATIONS
 from klgrad.audit.frameworks import clamp_text, fmt_error, framework_rows, is_default, zero_weight_text
 from klgrad.audit.precision_doc import precision_markdown, short_cell
 from klgrad.audit.presets import PRESETS
+from klgrad.audit.rounding import correctly_rounded
 from klgrad.audit.run import AuditConfig, make_problem
 from klgrad.choices import FRAMEWORKS
 
@@ -284,6 +281,15 @@ REMEDIES: tuple[Remedy, ...] = (
 )
 
 
+STUDIES = """## Trained head to head
+
+What these gradients do in training a real model — the frameworks' defaults, klgrad's exact head and the
+frameworks' own remedies on SmolLM2-135M-Instruct at one nominal KL strength — is a study of its own, with its
+protocol, evidence and verdicts: `experiments/smollm2_frameworks/` in the repository (its README; the claims it
+makes are listed with the project's others in [findings.md](findings.md)).
+"""
+
+
 TRAINING = """## Training with a framework's KL: `--kl.head <preset id>`
 
 Every preset id above trains: `klgrad train --kl.head verl/kl-loss-low-var-kl --kl.beta 0.1` (or `kl.head:` in a
@@ -314,161 +320,6 @@ framework's own default coefficient is not taken: **Sources** notes it); `kl.cli
 policy (RPG's iterative reference, prime-rl) uses the behaviour log-probs as its reference. An unknown id is refused
 before anything is written, naming `kl.head` and the closest ids.
 """
-
-
-HEAD_TO_HEAD: tuple[tuple[str, str], ...] = (
-    ("trl/grpo-k3", "TRL < 1.10 default"),
-    ("trl/grpo-k3-bias-correction", "TRL ≥ 1.10 default"),
-    ("verl/kl-loss-low-var-kl", "verl default KL loss"),
-    ("openrlhf/k1-reward", "OpenRLHF default"),
-    ("k2_as_loss", "klgrad's exact head (`--level sequence`)"),
-    ("none", "no KL"),
-    ("trl/rloo-k1-reward", "TRL remedy: its own flags for the exact gradient"),
-    ("verl/kl-reward-gae", "verl remedy: its own flags for the exact gradient"),
-)
-"""The methods of the SmolLM2 head-to-head grid (its
-``frameworks_grid.sh`` runs the same list), with their
-role."""
-HEAD_TO_HEAD_PRIMARY = "k2_as_loss<trl/grpo-k3-bias-correction:kl"
-"""The grid's pre-registered primary hypothesis (``--primary``)."""
-
-HEAD_TO_HEAD_TEXT = """## Head to head on SmolLM2 (protocol)
-
-Does what the audit says about each framework's default KL show in training a real LM? One `klgrad compare` grid
-trains the frameworks' defaults, klgrad's exact head, no KL and two frameworks' own remedies on SmolLM2-135M-Instruct
-(`configs/smollm2_sharpen.yaml`: 1-digit addition through its chat template, ≤ 24 tokens, τ = 0.7), everything but
-the KL term equal. 7 of the 8 registered seeds have run (`experiments/smollm2_frameworks/`: its README, `summary.md`,
-`headtohead.md` and `headtohead.png`); the result is below the protocol (“Head to head on SmolLM2: what it showed”).
-A dry run of the whole design on the tiny model is in `experiments/frameworks_tiny_dryrun/`.
-
-| method | role | KL enters | aggregation | β' (β = nominal) | audit, on-policy: rel. err vs ∇RKL | klgrad equivalent |
-|---|---|---|---|---|---|---|
-{rows}
-
-**Same nominal strength** (`--beta-scale length`, `src/klgrad/compare/beta_scale.py`). A method's KL term is
-reduced by its own aggregation, the task reward's policy gradient by the shared one (the config's
-`seq_mean_token_sum`, a token sum). A batch token mean divides the KL by the batch's token count, B·L̄; a
-per-sequence mean of token means divides each response's KL by its length, ≈ L̄. So the KL weight that gives every
-method the gradient of J_β = E[R] − β·KL(π‖π_ref) at the nominal β is β' = β·n_kl/n_pg: β·L̄ for a token mean, β for a
-token sum and for klgrad's sequence-level head (and for a KL in the reward shaped with the task reward). L̄ is the
-reference's mean response length on the training prompts (4 samples of each of the first 16, seed 2024, on the
-CPU), measured once by the grid's first invocation and reused by every later one; grid.json records it
-(`beta_scale`) and each method's β' (`effective_betas`), each run's final.json the β it trained at (`kl_beta`), and
-summary.md's table has a β' column. The scale is nominal: the responses' length moves during training and a token
-mean's weight with it, and a per-sequence mean weighs short responses more than 1/L̄ does. The final J_β and
-KL(π‖π*) are measured at the nominal β; the in-training `eval/J` panels at each run's β'.
-
-**One policy gradient for all: `algo.shaping: rloo`.** Every method has the same shaping, policy-gradient
-aggregation, clip, learning rate (3e-6, cosine), gradient clip and sampling (runs of one seed share prompts and
-sampling uniforms), so only the KL term differs. RLOO's leave-one-out baseline is linear and unnormalised: every
-method's loss is then an unbiased estimate of −∇J_β at its nominal strength, and a preset whose KL enters the
-reward (`openrlhf/k1-reward`, `trl/rloo-k1-reward`, `verl/kl-reward-gae`), trained as an unshaped term of its own
-(“Training with a framework's KL”), differs from the framework's shaped entry only by a leave-one-out baseline on
-the KL, which does not depend on the response's own sample: zero in expectation on-policy (one update per rollout),
-so in expectation it is the framework's entry (TRL's `RLOOTrainer` uses this very baseline). `algo.shaping: none`
-would be faithful sample by sample, but would give the task reward no baseline for every method; GRPO's std
-normalisation would divide the framework's KL by the group's reward std (“Not modelled”) and rescale the task
-reward group by group, so the nominal strength would not hold. The grid records the shaping with its other shared
-overrides in grid.json.
-
-**klgrad's exact head is `k2_as_loss` at `sequence` level**, not `k1_in_reward`: both are exact (“The exact
-reverse-KL gradient, in each framework”), but `k2_as_loss` is a loss term of its own, so like the loss presets it
-never passes through the shared shaping and its token-sum aggregation gives β' = β; the grid's three reward presets
-already cover the KL in the reward.
-
-**The remedies.** For TRL and verl, whose defaults are not the reverse-KL gradient, the grid adds the preset the
-audit's remedy table names for their own flags: `trl/rloo-k1-reward` (TRL's `RLOOTrainer`, k1 summed in the reward)
-and `verl/kl-reward-gae` (`algorithm.use_kl_in_reward`, GAE γ = λ = 1). verl's `kl_loss_type: mse` (k2 in the loss)
-and TRL's bias correction are the per-step reverse KL, not the sequence's; the latter is in the grid as TRL's
-default. OpenRLHF's default is already exact.
-
-**Primary hypothesis** (pre-registered, tested alone): `{primary}`: klgrad's exact head ends closer to the
-reference (final KL(π‖π_ref), stepwise: exact next-token KLs summed along samples, 22 held-out prompts × 16 samples)
-than TRL ≥ 1.10's default at the same nominal β. TRL ≥ 1.10's bias-corrected k3 is the per-step reverse KL: it drops
-the score-function part of the sequence KL's gradient, through which a token's choice changes the KL of the tokens
-after it, the part that pulls the policy away from prefixes whose continuations drift. It is the newest default of
-the most used library, and the KL to the reference is measurable on SmolLM2 (KL(π‖π*) cannot be enumerated over
-49,152 tokens). The other predictions of `klgrad compare` among these methods form the secondary Holm family; the
-other pairs are read from the table.
-
-**Design**: 40 steps (cosine learning rate; the convergence criterion, `--converge-gap 0.08` on the training
-batch's KL, is recorded before the runs and reported), seeds 0–7 (8 pairs: the exact sign-flip p can reach
-2/2⁸ < 0.05; 6 is the floor), nominal β = 0.5 at sequence level (the β of the earlier SmolLM2 grids, where the KL
-heads halve the KL of no KL). Cost: 8 methods × 8 seeds × 40 steps = 2,560 steps, 8–21 h on 2 CPU cores at
-11–30 s a step (docs/performance.md), minutes per seed on a GPU. A second β for a reward–KL frontier
-(`BETAS=0.5,0.1`) doubles it: worth it on a GPU, not within a day on 2 cores.
-
-Run it from a pinned revision (the grid records it and refuses another):
-
-```bash
-# CPU: seeds one after another
-REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 bash experiments/smollm2_frameworks/frameworks_grid.sh
-# CUDA: 8 seeds at once, each into OUT/seedS, then merged into OUT
-REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=8 bash experiments/smollm2_frameworks/frameworks_grid.sh
-# CUDA, one process per (seed, method), 16 at once, queued seed by seed (its gpu_frameworks.sh runs this)
-REV=$(git rev-parse HEAD) OUT=runs/frameworks_smollm2 PARALLEL=16 SPLIT=methods \
-  bash experiments/smollm2_frameworks/frameworks_grid.sh
-```
-
-Each seed is one `klgrad compare --pin REV --only-seeds S` with every method, so a seed's pairs complete together;
-running the script again resumes a stopped grid (finished runs are skipped, interrupted ones resume from their
-checkpoint). With `PARALLEL`, L̄ is measured once beforehand and given to every seed (`--beta-scale length=L`),
-each seed runs into `OUT/seedS` and the seeds are merged into `OUT` (`klgrad compare --merge`); with `SPLIT=methods`
-each (seed, method) is its own process (`--only-methods`) into `OUT/seedS-mI`. `LBAR=L` continues a grid on another
-machine at the L̄ it recorded. `OUT/summary.md`
-has the table (β' per method), the primary verdict and the secondary ones; `comparison.png` and `frontier.png` the
-curves and the reward–KL points.
-
-## Head to head on SmolLM2: what it showed
-
-7 seeds (0–6; 0, 1 and 3–6 on an H200, 2 on a 2-core CPU), mean [95% t interval] over seeds, KLs on the 22 held-out
-prompts at τ = 0.7; paired differences are per seed (`experiments/smollm2_frameworks/headtohead.md`).
-
-- **The primary hypothesis is rejected the other way.** klgrad's exact head ends *further* from the reference
-  than TRL ≥ 1.10's default at the same nominal β: KL 0.225 [0.196, 0.253] against 0.177 [0.165, 0.189], paired
-  difference +0.048 [+0.016, +0.079], below in 0 of 7 seeds, sign-flip p 0.016.
-- **The grouping follows the aggregation, not the estimator.** The four methods whose KL term is a token mean at
-  β' = β·L̄ (TRL's k3 before and after 1.10, verl's `low_var_kl`, OpenRLHF's k1 reward-to-go) end at 0.173–0.192,
-  within 0.02 of each other and 0.03–0.05 below the two whose KL is a sequence sum at β (klgrad's k2, TRL's RLOO
-  k1 sum, both at 0.225), with 0.03–0.04 less training reward (0.654–0.667 against 0.691–0.694). verl's own exact
-  flags (k1 in the reward through GAE, a token mean) end with the k3 defaults (0.188); TRL's (`RLOOTrainer`, a sum)
-  end on k2 (+0.000 [−0.009, +0.009]). At one nominal β a token-mean KL acted as a stronger regulariser (less KL
-  and less reward), not a better one; which is better at matched KL needs a second β (`BETAS=0.5,0.1`). Why it acts
-  stronger is not decided. verl's and TRL's exact flags have the same expected gradient up to L̄ over the batch's
-  mean length, and the token-mean runs' responses shortened 2–5% below L̄, raising their weight by as much; the
-  rest is in how the two estimates differ per sample (reward-to-go against the whole sequence's KL), which matters
-  at 40 steps because the runs are still moving (the registered convergence criterion is not met).
-- **The k3 forms agree with each other** at 40 steps (0.173, 0.177, 0.179): the forward-vs-reverse difference of
-  their gradients does not show at this strength and length. Every KL term holds the policy 6–8× closer than no KL
-  (1.340). Greedy accuracy on the held-out prompts does not separate the KL terms: 19 of 22 for every KL run,
-  from the reference's 14 (no KL: 0.90).
-"""
-
-
-def head_to_head_markdown(rows: list[dict]) -> str:
-    """The protocol of the SmolLM2 head-to-head grid, each preset's audit numbers read from this run's rows (its
-    default aggregation, on-policy)."""
-    by_id = {p.id: p for p in PRESETS}
-    lines = []
-    for method, role in HEAD_TO_HEAD:
-        if method not in by_id:
-            enters = "none" if method == "none" else "loss (sequence level)"
-            agg = "token sum" if method != "none" else "—"
-            beta = "β" if method != "none" else "—"
-            err = "<1e-12 (exact, on- and off-policy)" if method != "none" else "—"
-            lines.append(f"| `{method}` | {role} | {enters} | {agg} | {beta} | {err} | `{method}` |")
-            continue
-        p = by_id[method]
-        r = next(
-            r for r in rows if r["id"] == method and r["regime"] == "on_policy" and r["framework_default_aggregation"]
-        )
-        enters = "loss" if p.style == "loss" else "reward"
-        beta = "β·L̄" if p.aggregation in ("token_mean", "seq_mean") else "β"
-        lines.append(
-            f"| `{method}` | {role} | {enters} | {r['aggregation']} | {beta} | {fmt_error(r['err_rkl'])} | "
-            f"`{_cell(r['equals'])}` |"
-        )
-    return HEAD_TO_HEAD_TEXT.format(rows="\n".join(lines), primary=HEAD_TO_HEAD_PRIMARY)
 
 
 def _join(items) -> str:
@@ -546,30 +397,14 @@ def findings(rows: list[dict]) -> str:
     )
 
 
-SCALAR_KERNELS = {"ATEN_CPU_CAPABILITY": "default"}
-"""The kernels the page is computed with: torch's scalar CPU kernels. Its float32, bfloat16 and float16 numbers
-depend on the kernel set: the vectorised ones (AVX2, AVX-512) compute exp and log within an ulp of each other but
-not alike, so where a float32 gradient rounds to exactly 0 is the machine's (k3 in the reward: 93 of the audited
-points with AVX-512 on an Intel Xeon, 94 with AVX2 on an AMD EPYC). The scalar kernels run the same code on every
-x86-64 CPU, so the committed page is the same fresh run on any of them (checked on the AMD EPYC, where its AVX2
-kernels give another page); ``klgrad audit --dtype D`` reports what your own kernels compute."""
-
-
 def frameworks_markdown() -> str:
     """The page: intro, the audit's tables, findings, remedies, precision, training with a preset and sources;
-    computed with :data:`SCALAR_KERNELS` (in a child process when this one runs other kernels: torch fixes its
-    kernel set when it starts)."""
-    if os.environ.get("ATEN_CPU_CAPABILITY") != SCALAR_KERNELS["ATEN_CPU_CAPABILITY"]:
-        here = str(Path(__file__).parents[2])  # the child imports this klgrad, whatever its sys.path would pick
-        path = os.pathsep.join(x for x in (here, os.environ.get("PYTHONPATH")) if x)
-        env = {**os.environ, **SCALAR_KERNELS, "PYTHONIOENCODING": "utf-8", "PYTHONPATH": path}
-        done = subprocess.run(
-            [sys.executable, "-m", "klgrad.audit.frameworks_doc"], env=env, capture_output=True, text=True,
-            encoding="utf-8", check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise RuntimeError(f"docs/frameworks.md under {SCALAR_KERNELS}: {done.stderr.strip()[-2000:]}")
-        return done.stdout
+    its low-precision numbers computed :func:`~klgrad.audit.rounding.correctly_rounded` (the same on every CPU)."""
+    with correctly_rounded():
+        return _frameworks_markdown()
+
+
+def _frameworks_markdown() -> str:
     rows = framework_rows(make_problem(AuditConfig()), dtype="bfloat16")
     by_id = {p.id: p for p in PRESETS}
     aggregations = "\n".join(
@@ -605,7 +440,7 @@ def frameworks_markdown() -> str:
     lines.append(findings(rows))
     lines.append(precision_markdown([(m.framework, m.flags, m.preset) for m in REMEDIES if m.preset is not None]))
     lines.append(TRAINING)
-    lines.append(head_to_head_markdown(rows))
+    lines.append(STUDIES)
     lines.append("## Sources\n")
     for name in FRAMEWORKS:
         lines.append(f"### {name}\n")
@@ -623,5 +458,3 @@ def frameworks_markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-if __name__ == "__main__":  # the page on stdout, under the kernels this process was started with
-    sys.stdout.write(frameworks_markdown())

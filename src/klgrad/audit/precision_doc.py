@@ -107,12 +107,11 @@ float16 4.9e-4) per token. klgrad's own heads (`klgrad/…`) promote half-precis
 log-ratio, compute in float32 and round the gradient once to the dtype. The **∇ in bf16** column of the tables
 above is the bfloat16 cell, shortened.
 
-This page is computed with torch's scalar CPU kernels (`ATEN_CPU_CAPABILITY=default`), the same code on every
-x86-64 CPU. The vectorised kernels a machine picks by itself (AVX2, AVX-512) compute exp and log to within an ulp of
-these, not alike: k3 in the reward is exactly 0 in float32 at 93 of the points with AVX-512 (the page as an Intel
-Xeon generated it until 2026-11-27) and at 94 with AVX2 (an AMD EPYC), and `mse_in_reward`'s float32 error reads
-1.3e-07 with either against 1.2e-07 here. `klgrad audit --framework all --dtype D` reports what your own kernels
-compute.
+This page is computed with every float32, bfloat16 and float16 operation correctly rounded (evaluated in float64
+and rounded to its dtype: `klgrad.audit.rounding`), so it is the same on every CPU. A machine's own kernels (AVX2,
+AVX-512, the C library's) compute exp and log within about an ulp of that, not alike: where a float32 gradient
+rounds to exactly 0 can move by a point or two of the grid between machines. `klgrad audit --framework all
+--dtype D` reports what your own kernels compute.
 
 | preset | KL as configured | float32 | bfloat16 | float16 |
 |---|---|---|---|---|
