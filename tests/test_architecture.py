@@ -167,6 +167,7 @@ WHOLE_PACKAGE = {
     "test_gpu.py": "train, the fast forward and the sampler on a CUDA GPU (tools/gpu_check.sh runs it by name)",
     "test_package_data.py": "what a wheel of the package carries",
     "test_reference_docs.py": "the hand-written reference pages against the whole package",
+    "test_readme.py": "README.md's framework table against the audit and its presets",
 }
 """Top-level test modules about the package as a whole rather than one module, with what each covers."""
 OTHER_FOLDERS = {
