@@ -1041,6 +1041,17 @@ def holm_family_size(predictions: list[dict]) -> int:
     return sum(2 if p["kind"] == "equivalent" else 1 for p in predictions)
 
 
+def sign_flip_phrase(preds: list[dict]) -> str:
+    """How the summary's sign-flip p-values were computed: a summary.json written before the exact bracket
+    (no ``sign_flip_method`` in its records) holds Monte Carlo estimates beyond 20 seeds."""
+    if any("sign_flip_method" not in p for p in preds):
+        return f"exact up to 20 seeds, beyond it from {FLIP_DRAWS} seeded random sign patterns"
+    return (
+        "exact: all 2^n sign patterns enumerated up to 20 seeds, beyond it the upper end of an exact bracket "
+        "from a lattice count, the bracket in summary.json's p_sign_flip_bracket"
+    )
+
+
 def family_word(summary: dict) -> str:
     """ "secondary " when the summary has a primary hypothesis (tested alone), else ""."""
     return "secondary " if "primary" in summary else ""
@@ -1204,8 +1215,8 @@ def summary_markdown(summary: dict) -> str:
         f"(two-sided; TOST for an equivalence claim), p Holm-adjusted in one {family_word(summary)}family of the "
         f"{holm_family_size(preds)} "
         f"tested hypotheses of {len(preds)} claims (an equivalence claim brings two: TOST and difference). Beside "
-        "it, for comparison only: the sign-flip p (two-sided, unadjusted; exact up to 20 seeds, beyond it from "
-        f"{FLIP_DRAWS} seeded random sign patterns) and the unpaired Welch p (one-sided, "
+        f"it, for comparison only: the sign-flip p (two-sided, unadjusted; {sign_flip_phrase(preds)}) and the "
+        "unpaired Welch p (one-sided, "
         "or Welch TOST; unadjusted, outside the Holm family, not used for any verdict)." + normality,
         "",
         "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p (unadj.) | Welch p (unadj.) "
