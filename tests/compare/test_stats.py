@@ -11,6 +11,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from klgrad.compare.stats import (
+    ADJUSTMENT,
     FLIP_DRAWS,
     LATTICE_RTOL,
     NOT_SUPPORTED,
@@ -21,6 +22,7 @@ from klgrad.compare.stats import (
     SignFlip,
     decide,
     holm,
+    holm_disjoint,
     mean_ci,
     paired_by_seed,
     paired_differences,
@@ -32,6 +34,8 @@ from klgrad.compare.stats import (
     sign_flip_lattice,
     sign_flip_p,
     sign_flip_p_drawn,
+    tost_interval,
+    tost_p,
     welch_equivalent,
     welch_less,
 )
@@ -224,24 +228,72 @@ def test_a_common_factor_changes_no_p_value(d, factor):
 
 
 def test_one_holm_family_holds_both_hypotheses_of_an_equivalence_claim():
-    """m counts the equivalence claim twice; its difference p is adjusted by the same step-down, not apart."""
+    """Both hypotheses of an equivalence claim are in the family, and as they cannot both be true they count once
+    in the multiplier (holm_disjoint): t_r = the number of claims with a hypothesis ranked r or later."""
     tests = [
         {"kind": "less", "p_value": 0.004, "mean_difference": -1.0},
         {"kind": "equivalent", "p_value": 0.9, "p_difference": 0.012, "mean_difference": 0.5},
     ]
     got = decide(tests)
-    # family (0.004, 0.9, 0.012): Holm → 0.012, 0.9, max(0.012, 2·0.012) = 0.024
-    assert got[0]["p_adjusted"] == pytest.approx(0.012)
+    # sorted 0.004 (claims 0, 1 left: ×2) → 0.008; 0.012 (claim 1 left: ×1) → 0.012; 0.9 → 0.9
+    assert got[0]["p_adjusted"] == pytest.approx(0.008)
     assert got[0]["verdict"] == SUPPORTED
     assert got[1]["p_adjusted"] == pytest.approx(0.9)
-    assert got[1]["p_difference_adjusted"] == pytest.approx(0.024)
+    assert got[1]["p_difference_adjusted"] == pytest.approx(0.012)
     assert got[1]["verdict"] == OPPOSITE
-    # With a third, weaker ordering claim the difference's rank moves: (0.004, 0.9, 0.012, 0.03) → 0.016,
-    # 0.9, 0.036, 0.06: still opposite, and the weak claim is not resolved.
+    assert {t["adjustment"] for t in got} == {ADJUSTMENT}
+    # With a third, weaker ordering claim: 0.004 (×3) → 0.012; 0.012 (claims 1, 2 left: ×2) → 0.024; 0.03 (claims
+    # 2 and 1's TOST left: ×2) → 0.06; 0.9. Still opposite, and the weak claim is not resolved.
     got = decide([*tests, {"kind": "less", "p_value": 0.03, "mean_difference": -1.0}])
-    assert got[1]["p_difference_adjusted"] == pytest.approx(0.036)
+    assert got[1]["p_difference_adjusted"] == pytest.approx(0.024)
     assert got[2]["p_adjusted"] == pytest.approx(0.06)
     assert got[2]["verdict"] == UNRESOLVED
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=8))
+def test_holm_disjoint_is_holm_when_every_group_has_one_hypothesis(ps):
+    assert holm_disjoint(ps, list(range(len(ps)))) == pytest.approx(holm(ps))
+    # one group holding everything (pairwise disjoint nulls): at most one is true, no adjustment at all
+    assert holm_disjoint(ps, [0] * len(ps)) == pytest.approx(ps)
+
+
+def test_tost_p_is_the_larger_one_sided_p():
+    """p_TOST = max of the one-sided t p-values of mean d ≤ −δ and mean d ≥ +δ (scipy's one-sample t-tests)."""
+    from scipy import stats as scipy_stats
+
+    d, margin = [0.12, -0.05, 0.3, 0.08, 0.02, 0.15, -0.1, 0.2], 0.25
+    lower = scipy_stats.ttest_1samp(d, -margin, alternative="greater").pvalue
+    upper = scipy_stats.ttest_1samp(d, margin, alternative="less").pvalue
+    assert tost_p(d, margin) == pytest.approx(max(lower, upper), rel=1e-12)
+    assert paired_equivalent(d, [0.0] * 8, margin)["p_value"] == tost_p(d, margin)
+
+
+def test_an_equivalence_decided_alone_reads_the_90_percent_interval():
+    """The k1_as_loss ≈ none design: 8 seeds, margin δ. Here the 90% interval lies inside ±δ and the 95% one does
+    not, so the TOST at α = 0.05 holds (p_TOST < 0.05) and the claim is supported. The former rule (plain Holm over
+    its two hypotheses, the TOST at α/2) said not resolved: p_adjusted was 2·p_TOST."""
+    d = [-0.35, 0.1, -0.2, 0.05, -0.4, 0.25, -0.1, -0.15]
+    m, h90 = mean_ci(d, 0.90)
+    _, h95 = mean_ci(d, 0.95)
+    margin = max(abs(m - h90), abs(m + h90)) + 0.01  # just outside the 90% interval's ends
+    assert max(abs(m - h95), abs(m + h95)) > margin  # … and inside the 95% one's
+    test = paired_equivalent(d, [0.0] * 8, margin)
+    assert test["ci_tost"] == pytest.approx([m - h90, m + h90])
+    assert test["ci_tost_level"] == pytest.approx(0.90)
+    assert 0.025 < test["p_value"] < 0.05
+    got = decide([test])[0]
+    assert got["p_adjusted"] == test["p_value"]  # alone: t = 1 at both ranks
+    assert got["verdict"] == SUPPORTED
+    assert holm([test["p_value"], test["p_difference"]])[0] >= 0.05  # plain Holm: not resolved
+
+
+@settings(max_examples=300, deadline=None)
+@given(differences, st.floats(0.01, 1.0))
+def test_tost_rejects_exactly_when_the_90_percent_interval_is_inside_the_margin(d, margin):
+    lo, hi = tost_interval(d, alpha=0.05)
+    assume(min(abs(lo + margin), abs(hi - margin)) > 1e-9)  # not on the boundary
+    assert (tost_p(d, margin) < 0.05) == (-margin < lo and hi < margin)
 
 
 def test_paired_samples_must_have_one_value_per_seed():

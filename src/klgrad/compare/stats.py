@@ -9,15 +9,16 @@ recorded beside it; Monte Carlo only by name, :func:`sign_flip_p_drawn`; with n 
 is 2/2^n, so it needs n ≥ 6 to reach 0.05). Both p-values are scale invariant, and the
 t-test's moves continuously with the data (t is extended by continuity to zero spread, :func:`t_statistic`), so a
 verdict does not change when every difference is multiplied by one factor or moved by rounding. Every hypothesis
-tested in one summary (an equivalence claim brings two) forms one family, Holm-adjusted (:func:`holm`, step-down)
-before a verdict is given. Verdicts:
+tested in one summary (an equivalence claim brings two) forms one family, Holm-adjusted (step-down; an equivalence
+claim's two nulls cannot both hold, so they count once, :func:`holm_disjoint`) before a verdict is given. Verdicts:
 
 - ``supported``: the claimed direction is significant (Holm-adjusted two-sided p < α);
 - ``opposite``: significant in the other direction (for an equivalence claim: a significant difference);
 - ``not resolved at this sample size``: neither.
 
 An equivalence claim (a ≈ b) uses a paired TOST with a margin δ stated before the runs (not estimated from
-the runs it judges): both one-sided tests of |mean d| < δ must reject. The unpaired Welch tests
+the runs it judges): both one-sided tests of |mean d| < δ must reject (:func:`tost_p`), i.e. at α the (1 − 2α)
+interval, 90% at α = 0.05 (:func:`tost_interval`), must lie inside ±δ. The unpaired Welch tests
 (:func:`welch_less`, :func:`welch_equivalent`) remain for a secondary column and for designs without blocks;
 their verdicts are ``supported`` / ``not supported`` / not resolved, each at α on its own p (no Holm adjustment).
 """
@@ -474,6 +475,51 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return out
 
 
+def holm_disjoint(p_values: Sequence[float], groups: Sequence[int]) -> list[float]:
+    """Holm's step-down where hypotheses of one group are disjoint (at most one of them true, as an equivalence
+    claim's H0: mean d = 0 and H0: |mean d| ≥ δ), so a group counts once in the multiplier (Shaffer 1986).
+
+    Sort the p-values ascending: p̃_(j) = max_{r ≤ j} min(1, t_r·p_(r)), t_r = the number of distinct groups among
+    the hypotheses ranked r … m (Holm's m − r + 1 when every group has one member). NaN p-values are left out of
+    the family and stay NaN.
+
+    Family-wise error ≤ α for any dependence, by closed testing with Bonferroni local tests: an intersection
+    ∩_{i∈J} H_i can be true only if J holds at most one hypothesis per group. For such a J containing H_(j), let r
+    ≤ j be the rank of J's smallest p; J lies among the hypotheses ranked r … m, so |J| ≤ t_r, and p̃_(j) < α gives
+    min_J p = p_(r) < α/t_r ≤ α/|J|, so Bonferroni rejects ∩J. Every intersection that can hold and contains H_(j) is
+    rejected: rejecting H_(j) is a closed test. An equivalence claim alone has t = 1 at both ranks, so p̃ = p: its
+    TOST is decided at α itself, i.e. by the (1 − 2α) interval (:func:`tost_p`), not at α/2 as plain Holm over
+    its two hypotheses would (the 95% interval at α = 0.05).
+    """
+    idx = sorted((i for i, p in enumerate(p_values) if not math.isnan(p)), key=lambda i: p_values[i])
+    out = [float("nan")] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(idx):
+        t = len({groups[k] for k in idx[rank:]})
+        running = max(running, min(1.0, t * p_values[i]))
+        out[i] = running
+    return out
+
+
+def tost_interval(d: Sequence[float], alpha: float = 0.05) -> list[float]:
+    """The (1 − 2α) t interval of mean(d) a TOST at α reads (90% at α = 0.05):
+    [m − t_{1−α, n−1}·s/√n, m + t_{1−α, n−1}·s/√n], m = mean(d), s = sd(d); NaN ends below 2 values."""
+    m, half = mean_ci(d, level=1 - 2 * alpha)
+    return [m - half, m + half]
+
+
+def tost_p(d: Sequence[float], margin: float) -> float:
+    """Paired TOST p of H0: |mean d| ≥ δ (δ = ``margin``) against equivalence |mean d| < δ (Schuirmann 1987).
+
+    p = max(p₋, p₊), the one-sided paired t p-values of H0: mean d ≤ −δ (p₋ = P(T ≥ (m + δ)/(s/√n))) and of
+    H0: mean d ≥ +δ (p₊ = P(T ≤ (m − δ)/(s/√n))), T ~ t_{n−1}, :func:`paired_t_p`. So p < α ⇔ both one-sided tests
+    reject at α ⇔ m − t_{1−α}·s/√n > −δ and m + t_{1−α}·s/√n < δ ⇔ the (1 − 2α) interval :func:`tost_interval`
+    (90% at α = 0.05) lies inside (−δ, δ). At zero spread the interval is the point m and p is 0 inside the
+    margin, ½ on it (t = 0) and 1 outside, the same rule.
+    """
+    return max(paired_t_p(d, "greater", shift=-margin), paired_t_p(d, "less", shift=margin))
+
+
 def paired_less(a: Sequence[float], b: Sequence[float]) -> dict:
     """Claim mean(a) < mean(b) over paired seeds: the paired t-test on d = a − b (two-sided p, to be
     Holm-adjusted by :func:`decide`), the one-sided p-values, the sign-flip p, mean d and its 95% CI."""
@@ -494,14 +540,15 @@ def paired_less(a: Sequence[float], b: Sequence[float]) -> dict:
     }
 
 
-def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float) -> dict:
-    """Claim mean(a) ≈ mean(b) within ±``margin`` over paired seeds: paired TOST on d = a − b,
-    p_TOST = max(p(mean d ≤ −δ), p(mean d ≥ +δ)); the two-sided paired t p-value of a difference beside it."""
+def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = 0.05) -> dict:
+    """Claim mean(a) ≈ mean(b) within ±``margin`` over paired seeds: paired TOST on d = a − b (:func:`tost_p`,
+    p_TOST = max(p(mean d ≤ −δ), p(mean d ≥ +δ))) with the (1 − 2α) interval it reads, ``ci_tost`` (90% at
+    α = 0.05; equivalence at α iff it lies inside ±δ); the two-sided paired t p-value of a difference beside it."""
     if not margin > 0:
         raise ValueError(f"equivalence margin must be > 0, got {margin}")
     d = paired_differences(a, b)
     mean, ci = mean_ci(d) if d else (float("nan"), float("nan"))
-    p_tost = max(paired_t_p(d, "greater", shift=-margin), paired_t_p(d, "less", shift=margin))
+    p_tost = tost_p(d, margin)
     return {
         "kind": "equivalent",
         "test": f"paired TOST on per-seed differences (margin ±{margin:.4g}, Holm-adjusted); paired t-test of a "
@@ -511,6 +558,8 @@ def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float) -> 
         "differences": d,
         "mean_difference": mean,
         "ci95": [mean - ci, mean + ci],
+        "ci_tost": tost_interval(d, alpha) if d else [float("nan"), float("nan")],
+        "ci_tost_level": 1 - 2 * alpha,
         "p_value": p_tost,
         "p_difference": paired_t_p(d, "two-sided"),
         **sign_flip_record(d),
@@ -518,20 +567,28 @@ def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float) -> 
     }
 
 
+ADJUSTMENT = "Holm step-down, an equivalence claim's two disjoint nulls counted once"
+"""``adjustment`` of a decided record (:func:`holm_disjoint`); records without it were adjusted by plain Holm over
+every hypothesis, an equivalence claim's two counted twice (its TOST at α/2 when alone: the 95% interval)."""
+
+
 def decide(tests: Sequence[dict], alpha: float = 0.05) -> list[dict]:
     """Give each paired test its verdict, every tested hypothesis in one Holm family (module docstring).
 
     The family holds each ordering claim's two-sided p (H0: mean d = 0) and, for each equivalence claim, both of
-    its hypotheses: the TOST p (H0: |mean d| ≥ δ) and the two-sided difference p (H0: mean d = 0), so
-    m = #orderings + 2·#equivalences and the step-down runs over all of them at once. Ordering claims:
-    supported when the adjusted p < α and mean d < 0, opposite when it is significant with mean d > 0.
-    Equivalence claims: supported when the adjusted TOST p < α, else opposite when the adjusted difference p is.
-    The family-wise error of the verdicts is then ≤ α (Holm, any dependence; simulated in the tests). Returns new
-    dicts with ``p_adjusted`` (and ``p_difference_adjusted`` for equivalences), ``alpha`` and ``verdict``.
+    its hypotheses: the TOST p (H0: |mean d| ≥ δ) and the two-sided difference p (H0: mean d = 0), and the
+    step-down runs over all of them at once. An equivalence claim's two nulls cannot both be true, so they count
+    once in the multiplier (:func:`holm_disjoint`): decided alone, the TOST is at α, i.e. supported iff the
+    (1 − 2α) interval (90%) lies inside ±δ. Ordering claims: supported when the adjusted p < α and mean d < 0,
+    opposite when it is significant with mean d > 0. Equivalence claims: supported when the adjusted TOST p < α,
+    else opposite when the adjusted difference p is. The family-wise error of the verdicts is then ≤ α (any
+    dependence; simulated in the tests). Returns new dicts with ``p_adjusted`` (and ``p_difference_adjusted``
+    for equivalences), ``adjustment``, ``alpha`` and ``verdict``.
     """
     slots: list[tuple[int, str]] = [(i, "p_value") for i in range(len(tests))]
     slots += [(i, "p_difference") for i, t in enumerate(tests) if t["kind"] == "equivalent"]
-    adjusted = dict(zip(slots, holm([tests[i][k] for i, k in slots]), strict=True))
+    family = holm_disjoint([tests[i][k] for i, k in slots], [i for i, _ in slots])  # one group per claim
+    adjusted = dict(zip(slots, family, strict=True))
     out = []
     for i, t in enumerate(tests):
         p_adj = adjusted[(i, "p_value")]
@@ -546,5 +603,5 @@ def decide(tests: Sequence[dict], alpha: float = 0.05) -> list[dict]:
                 verdict = SUPPORTED
             elif extra["p_difference_adjusted"] < alpha:
                 verdict = OPPOSITE
-        out.append({**t, "p_adjusted": p_adj, **extra, "alpha": alpha, "verdict": verdict})
+        out.append({**t, "p_adjusted": p_adj, **extra, "adjustment": ADJUSTMENT, "alpha": alpha, "verdict": verdict})
     return out
