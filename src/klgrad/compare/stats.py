@@ -355,8 +355,11 @@ def sign_flip_lattice(d: Sequence[float], alternative: str = "two-sided", states
     δ: ``states`` = K sets Σ|k_s| ≈ K, δ ≈ Σ|d|/K: time O(n·K) and 16·K bytes for the programme, plus O(n²) for
     the pairs. By default K starts at 2^16 and is multiplied by 4 until p_hi − p_lo ≤ LATTICE_RTOL·p_hi or K
     reaches min(LATTICE_STATES, LATTICE_WORK/n). The width is about the probability that Σ_F d* lies within E of
-    tol/2: for an observed sum z standard deviations out, relative width ≈ 2z·E/√(Σd²) ≲ z·n^1.5/K (a few 1e-4
-    for the 56-seed sums of the sharpening grid at K = 2^16, as E is well below its worst case). p = p_hi.
+    tol/2: for an observed sum z standard deviations out, relative width ≈ 2z·E/√(Σd²) ≲ z·n^1.5/K; for three
+    56-seed sums of the sharpening grid 6e-4, 6e-4 and 4e-4 at K = 2^20, 2^20 and 2^22 (under a second each).
+    Near-ties are its floor: sums within E of the threshold whatever δ (the fourth, the reward spread, holds
+    float32 copies of a few values 1e-8 apart and stays at 2e-3, so refining stops when a 4× finer lattice
+    narrows the bracket by under 10%). p = p_hi.
     """
     n = len(d)
     scaled = _scaled(d) if n else None
@@ -380,7 +383,7 @@ def sign_flip_lattice(d: Sequence[float], alternative: str = "two-sided", states
         if alternative == "two-sided":
             lo = 1.0 if star - tol <= -eta else min(1.0, 2 * lo)
             hi = 1.0 if star - tol <= eta else min(1.0, 2 * hi)
-        # stop when narrow, at the cap, or when a 4× finer lattice took off under 10% (ties at the threshold)
+        # stop when narrow, at the cap, or when a 4× finer lattice took off under 10% (near-ties at the threshold)
         if states is not None or hi - lo <= LATTICE_RTOL * hi or size >= cap or hi - lo > 0.9 * width:
             return SignFlip(hi, lo, hi, "lattice")
         size, width = min(cap, 4 * size), hi - lo
