@@ -18,16 +18,18 @@ from klgrad.compare.grid import (
     final_value,
     held_out_kl_panel,
     holm_family_size,
+    margin_note,
     method_overrides,
     prediction_tests,
     rewrite_summary,
     run_compare,
     run_name,
+    sign_flip_phrase,
     summarize,
     summary_markdown,
 )
 from klgrad.compare.grid import main as grid_main
-from klgrad.compare.stats import OPPOSITE, SUPPORTED, UNRESOLVED, decide
+from klgrad.compare.stats import OPPOSITE, SUPPORTED, UNRESOLVED, decide, paired_equivalent, paired_less
 from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
 from tests.helpers.tiny_runs import SMALL_GRID
 from tests.helpers.tolerances import llama_depth, network_tol
@@ -433,3 +435,18 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_to
     # sampled: the sampler's KV-cache log-probs vs a full forward of the same weights, float32 rounding only
     assert abs(out["sampled_k1"]) < 1e-5
     assert abs(out["sampled_k3"]) < 1e-5
+
+
+def test_the_summary_says_how_its_sign_flip_ps_and_adjustment_were_computed():
+    """A record decided now carries its sign-flip method and adjustment, and the summary's sentence follows
+    them; a summary.json written before them (rewritten by ``rewrite_summary``) keeps the Monte Carlo wording."""
+    d = [0.05 * (1 + 0.1 * i) for i in range(24)]
+    new = decide([paired_equivalent(d, [0.0] * 24, 0.5), paired_less(d, [0.0] * 24)])
+    assert sign_flip_phrase(new).startswith("exact: all 2^n sign patterns")
+    old = [{k: v for k, v in p.items() if k not in ("sign_flip_method", "adjustment")} for p in new]
+    assert "seeded random sign patterns" in sign_flip_phrase(old)
+    lo, hi = new[0]["ci_tost"]
+    assert margin_note(new[0]) == f" (margin ±0.5; TOST's 90% CI [{lo:+.4f}, {hi:+.4f}])"
+    before = {k: v for k, v in new[0].items() if k not in ("ci_tost", "ci_tost_level")}
+    assert margin_note(before) == " (margin ±0.5)"
+    assert margin_note(new[1]) == ""

@@ -5,8 +5,9 @@ differences, two-sided p); ``A~B[:METRIC]`` claims A ≈ B within the grid's equ
 the test of a difference beside it). A and B are methods of the grid; METRIC is ``kl`` (the summary's KL to
 the reference, the default) or a final metric (``logp_gap``, ``kl_to_optimum``, ...). The primary hypothesis is
 written into grid.json and summary.json before the first run and decided alone (its own family: one hypothesis,
-or two for an equivalence, so no adjustment for the other claims); every other prediction is secondary, Holm-
-adjusted in a family of its own.
+or two for an equivalence, whose nulls cannot both be true, so neither is adjusted: the TOST is at α, i.e.
+equivalence iff the 90% interval lies inside ±margin at α = 0.05, :func:`klgrad.compare.stats.holm_disjoint`);
+every other prediction is secondary, Holm-adjusted in a family of its own.
 """
 
 from __future__ import annotations

@@ -1041,6 +1041,31 @@ def holm_family_size(predictions: list[dict]) -> int:
     return sum(2 if p["kind"] == "equivalent" else 1 for p in predictions)
 
 
+def margin_note(p: dict) -> str:
+    """ " (margin ±δ; TOST's 90% CI [lo, hi])" for an equivalence record (the interval the verdict reads, where
+    the record has it), "" for an ordering claim."""
+    if "margin" not in p:
+        return ""
+    ci = p.get("ci_tost")
+    tost = "" if ci is None else f"; TOST's {p['ci_tost_level']:.0%} CI [{ci[0]:+.4f}, {ci[1]:+.4f}]"
+    return f" (margin ±{p['margin']:.3g}{tost})"
+
+
+DISJOINT = ", which cannot both be true and so count once in the step-down's multiplier"
+"""Said of a summary decided by :func:`klgrad.compare.stats.holm_disjoint` (its records carry ``adjustment``)."""
+
+
+def sign_flip_phrase(preds: list[dict]) -> str:
+    """How the summary's sign-flip p-values were computed: a summary.json written before the exact bracket
+    (no ``sign_flip_method`` in its records) holds Monte Carlo estimates beyond 20 seeds."""
+    if any("sign_flip_method" not in p for p in preds):
+        return f"exact up to 20 seeds, beyond it from {FLIP_DRAWS} seeded random sign patterns"
+    return (
+        "exact: all 2^n sign patterns enumerated up to 20 seeds, beyond it the upper end of an exact bracket "
+        "from a lattice count, the bracket in summary.json's p_sign_flip_bracket"
+    )
+
+
 def family_word(summary: dict) -> str:
     """ "secondary " when the summary has a primary hypothesis (tested alone), else ""."""
     return "secondary " if "primary" in summary else ""
@@ -1071,7 +1096,8 @@ def primary_markdown(summary: dict) -> list[str]:
     for label, q in rows:
         lo, hi = q["ci95"]
         table.append(
-            f"| {label} | {q['claim']} | {q['metric']} | {q['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
+            f"| {label} | {q['claim']}{margin_note(q)} | {q['metric']} | "
+            f"{q['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
             f"{q['n_negative']}/{q['n_pairs']} | {q['p_adjusted']:.3g} | {q['p_sign_flip']:.3g} | **{q['verdict']}** |"
         )
     return [*lines, *table, "", *amendments_markdown(summary)]
@@ -1203,9 +1229,10 @@ def summary_markdown(summary: dict) -> str:
         "Paired by seed (runs of one seed share prompts and sampling uniforms): d = a − b per seed, paired t-test "
         f"(two-sided; TOST for an equivalence claim), p Holm-adjusted in one {family_word(summary)}family of the "
         f"{holm_family_size(preds)} "
-        f"tested hypotheses of {len(preds)} claims (an equivalence claim brings two: TOST and difference). Beside "
-        "it, for comparison only: the sign-flip p (two-sided, unadjusted; exact up to 20 seeds, beyond it from "
-        f"{FLIP_DRAWS} seeded random sign patterns) and the unpaired Welch p (one-sided, "
+        f"tested hypotheses of {len(preds)} claims (an equivalence claim brings two: TOST and difference"
+        f"{DISJOINT if preds and all('adjustment' in p for p in preds) else ''}). Beside "
+        f"it, for comparison only: the sign-flip p (two-sided, unadjusted; {sign_flip_phrase(preds)}) and the "
+        "unpaired Welch p (one-sided, "
         "or Welch TOST; unadjusted, outside the Holm family, not used for any verdict)." + normality,
         "",
         "| claim | metric | mean d [95% CI] | d < 0 in | paired p (Holm) | sign-flip p (unadj.) | Welch p (unadj.) "
@@ -1214,7 +1241,7 @@ def summary_markdown(summary: dict) -> str:
     ]
     for p in preds:
         lo, hi = p["ci95"]
-        margin = f" (margin ±{p['margin']:.3g})" if "margin" in p else ""
+        margin = margin_note(p)
         lines.append(
             f"| {p['claim']}{margin} | {p['metric']} | {p['mean_difference']:+.4f} [{lo:+.4f}, {hi:+.4f}] | "
             f"{p['n_negative']}/{p['n_pairs']} | {p['p_adjusted']:.3g} | {p['p_sign_flip']:.3g} | "

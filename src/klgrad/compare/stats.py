@@ -3,19 +3,22 @@
 **Paired tests (the design of ``klgrad compare``).** Runs that share a seed share their prompts and their sampling
 uniforms (common random numbers), so the seed is a block and the unit of analysis is the per-seed difference d_s =
 a_s − b_s. A prediction is decided on d by a paired t-test (the p-value that decides), with a sign-flip permutation
-p-value beside it (distribution-free; exact up to 20 seeds, a seeded Monte Carlo estimate beyond; with n seeds its
-smallest two-sided value is 2/2^n, so it needs n ≥ 6 to reach 0.05). Both p-values are scale invariant, and the
+p-value beside it (distribution-free and exact for any n: all 2^n sign patterns enumerated up to 20 seeds, beyond
+that the upper end of an exact bracket [p_lo, p_hi] from a dynamic programme on a lattice, :func:`sign_flip`,
+recorded beside it; Monte Carlo only by name, :func:`sign_flip_p_drawn`; with n seeds its smallest two-sided value
+is 2/2^n, so it needs n ≥ 6 to reach 0.05). Both p-values are scale invariant, and the
 t-test's moves continuously with the data (t is extended by continuity to zero spread, :func:`t_statistic`), so a
 verdict does not change when every difference is multiplied by one factor or moved by rounding. Every hypothesis
-tested in one summary (an equivalence claim brings two) forms one family, Holm-adjusted (:func:`holm`, step-down)
-before a verdict is given. Verdicts:
+tested in one summary (an equivalence claim brings two) forms one family, Holm-adjusted (step-down; an equivalence
+claim's two nulls cannot both hold, so they count once, :func:`holm_disjoint`) before a verdict is given. Verdicts:
 
 - ``supported``: the claimed direction is significant (Holm-adjusted two-sided p < α);
 - ``opposite``: significant in the other direction (for an equivalence claim: a significant difference);
 - ``not resolved at this sample size``: neither.
 
 An equivalence claim (a ≈ b) uses a paired TOST with a margin δ stated before the runs (not estimated from
-the runs it judges): both one-sided tests of |mean d| < δ must reject. The unpaired Welch tests
+the runs it judges): both one-sided tests of |mean d| < δ must reject (:func:`tost_p`), i.e. at α the (1 − 2α)
+interval, 90% at α = 0.05 (:func:`tost_interval`), must lie inside ±δ. The unpaired Welch tests
 (:func:`welch_less`, :func:`welch_equivalent`) remain for a secondary column and for designs without blocks;
 their verdicts are ``supported`` / ``not supported`` / not resolved, each at α on its own p (no Holm adjustment).
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 from scipy import stats as st
@@ -31,8 +35,16 @@ from scipy import stats as st
 SUPPORTED, NOT_SUPPORTED, UNRESOLVED = "supported", "not supported", "not resolved at this sample size"
 OPPOSITE = "opposite"
 MAX_EXACT_FLIPS = 20
-"""Sign-flip tests enumerate all 2^n sign patterns up to n = 20 seeds (about a million patterns); beyond, they draw
-:data:`FLIP_DRAWS` random patterns (:func:`sign_flip_p_drawn`)."""
+"""Sign-flip tests enumerate all 2^n sign patterns up to n = 20 seeds (2^20 sums, 8 MiB); beyond, a dynamic
+programme on a lattice brackets the exact p (:func:`sign_flip_lattice`)."""
+LATTICE_STATES = 1 << 22
+"""Largest lattice of that programme, K = Σ k_s points: 32 MiB of int64 counts (twice that during an update)."""
+LATTICE_WORK = 1 << 30
+"""Most n·K additions the programme may spend (a second or two): K stops at min(LATTICE_STATES, LATTICE_WORK/n)."""
+LATTICE_RTOL = 1e-3
+"""The lattice is refined (K × 4 from 2^16) until its bracket's width p_hi − p_lo is at most LATTICE_RTOL·p_hi."""
+MAX_LATTICE_SEEDS = 1000
+"""Beyond 1000 differences a probability 2^-n of the programme's float path would underflow float64."""
 FLIP_DRAWS = 1 << 17
 """Random sign patterns of a Monte Carlo sign-flip p: its standard error √(p(1 − p)/B) is at most 0.0014."""
 FLIP_SEED = 0
@@ -168,32 +180,233 @@ def paired_t_p(d: Sequence[float], alternative: str = "two-sided", shift: float 
     raise ValueError(f"alternative must be 'less', 'greater' or 'two-sided', got {alternative!r}")
 
 
-def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
-    """Sign-flip permutation p-value of mean(d) = 0 (differences symmetric about 0 under H0).
+class SignFlip(NamedTuple):
+    """A sign-flip p-value and how it was obtained: the exact p lies in [p_lo, p_hi].
 
-    Up to MAX_EXACT_FLIPS differences, exact: enumerates every assignment of signs to |d_s| (2^n of them) and
-    counts those whose mean is at least as extreme as the observed one: p = #{σ: T(σ) ≥ T_obs} / 2^n, with
-    T = mean (greater), −mean (less) or |mean| (two-sided). The observed assignment is one of them, so p ≥ 2^-n.
-    More differences: :func:`sign_flip_p_drawn` with FLIP_DRAWS seeded patterns.
+    ``method`` is ``"enumerated"`` (all 2^n sign patterns counted: p = p_lo = p_hi) or ``"lattice"`` (the bracket of
+    :func:`sign_flip_lattice`; p = p_hi, exact where p_lo = p_hi). Monte Carlo is never one of these: it is
+    :func:`sign_flip_p_drawn`, called by name with its draw count."""
+
+    p: float
+    """The p to report: the exact p, or the bracket's upper end, a valid p-value (P(p_hi ≤ α) ≤ α under H0)."""
+    p_lo: float
+    p_hi: float
+    method: str
+
+
+def _scaled(d: Sequence[float]) -> tuple[np.ndarray, float] | None:
+    """(d_s · 2^-e, Σ_s d_s · 2^-e) with 2^e the power of two above max|d_s|, or None for non-finite d.
+
+    Multiplying by a power of two is exact in binary floating point (short of underflow), so every sum, tie and
+    comparison of the sign-flip count is that of d itself, and no sum of up to 2^52 terms overflows. The sum is
+    taken left to right like every enumerated pattern's (the observed pattern is one of them, bit for bit)."""
+    x = np.asarray(d, dtype=np.float64)  # (n,)
+    if not np.all(np.isfinite(x)):
+        return None
+    x = np.ldexp(x, -math.frexp(float(np.max(np.abs(x))))[1])
+    return x, sum(x.tolist())
+
+
+def _tail_count(sums: np.ndarray, obs: float, tol: float, alternative: str) -> int:
+    """#{σ: T(σ) ≥ T_obs − tol}: T = Σσa (greater), −Σσa (less), |Σσa| (two-sided)."""
+    if alternative == "greater":
+        return int(np.count_nonzero(sums >= obs - tol))
+    if alternative == "less":
+        return int(np.count_nonzero(sums <= obs + tol))
+    if alternative == "two-sided":
+        return int(np.count_nonzero(np.abs(sums) >= abs(obs) - tol))
+    raise ValueError(f"alternative must be 'less', 'greater' or 'two-sided', got {alternative!r}")
+
+
+def sign_flip_enumerated(d: Sequence[float], alternative: str = "two-sided") -> float:
+    """Exact sign-flip p of mean(d) = 0 by enumeration of all 2^n sign patterns (n ≤ MAX_EXACT_FLIPS).
+
+    p = #{σ ∈ {±1}^n: T(σ) ≥ T_obs − tol} / 2^n, T(σ) = Σ σ_s|d_s| (greater), −Σ σ_s|d_s| (less) or |Σ σ_s|d_s||
+    (two-sided), T_obs = T at σ_s = sign(d_s), tol = TIE_RTOL·Σ|d_s|. Under H0 (each d_s symmetric about 0) σ is
+    uniform given |d|, so P(p ≤ α) ≤ α; the observed pattern is counted, so p ≥ 2^-n (two-sided ≥ 2^(1−n)).
+    Vectorised: the 2^n sums are built by doubling, S_{j+1} = (S_j + |d_j|, S_j − |d_j|), summed left to right
+    (bit for bit the plain loop's); memory 2^n float64 (8 MiB at n = 20) plus two halves in flight.
     """
     n = len(d)
-    if n == 0:
-        return float("nan")
     if n > MAX_EXACT_FLIPS:
-        return sign_flip_p_drawn(d, alternative)
-    mags = [abs(x) for x in d]
-    obs = sum(d)
-    tol = TIE_RTOL * sum(mags)  # relative, so p(c·d) = p(d) for every c > 0
-    hits = 0
-    for pattern in range(1 << n):
-        total = sum(-m if (pattern >> i) & 1 else m for i, m in enumerate(mags))
-        if alternative == "greater":
-            hits += total >= obs - tol
-        elif alternative == "less":
-            hits += total <= obs + tol
-        else:
-            hits += abs(total) >= abs(obs) - tol
-    return hits / (1 << n)
+        raise ValueError(f"{n} differences: enumeration stops at {MAX_EXACT_FLIPS} (use sign_flip_lattice)")
+    scaled = _scaled(d) if n else None
+    if scaled is None:
+        return float("nan")
+    x, obs = scaled
+    mags = np.abs(x)
+    sums = np.zeros(1)  # (1,)
+    for m in mags.tolist():
+        sums = np.concatenate((sums + m, sums - m))  # (2^(j+1),)
+    return _tail_count(sums, obs, TIE_RTOL * sum(mags.tolist()), alternative) / (1 << n)
+
+
+def _lattice_step(a: np.ndarray, states: int) -> tuple[np.ndarray, float, float]:
+    """Integers k_s = round(a_s/δ), the step δ and E = Σ_s |a_s − k_s·δ| (≤ n·δ/2), with Σ k_s ≈ ``states``.
+
+    δ = max(a)/k_max, so the largest magnitude (and all its ties) lies on the lattice. Among up to 4096 values of
+    k_max in [7/8, 1]·states·max(a)/Σa the one with the smallest E (in units of δ, within 1e-6) is taken: data on
+    a grid (rounded decimals, equal values) then get E ≈ 0 and an exact count.
+    """
+    a_max, total = float(a.max()), float(a.sum())
+    top = max(1, int(states * a_max / total))
+    cands = np.arange(max(1, top - top // 8), top + 1)[-4096:]  # (C,)
+    delta = a_max / cands  # (C,)
+    k = np.rint(a[None, :] / delta[:, None])  # (C, n)
+    err = np.abs(a[None, :] - k * delta[:, None]).sum(axis=1)  # (C,)
+    units = err / delta
+    i = int(np.flatnonzero(units <= units.min() + 1e-6)[0])
+    return k[i].astype(np.int64), float(delta[i]), float(err[i])
+
+
+def _subset_sum_cdf(k: np.ndarray) -> tuple[np.ndarray, int, float]:
+    """cdf[t] = #{subsets of the nonzero k_s (all ≥ 0) with sum ≤ t}, t = 0 … Σk, as int64 counts (m ≤ 62 nonzero
+    k_s: exact, r = 0) or as probabilities over the 2^m subsets (r > 0); returns (cdf, m, r), r a bound on the
+    relative error of every cdf[t].
+
+    Dynamic programme over the k_s (the 0/1 knapsack count): c_{j+1}[t] = c_j[t] + c_j[t − k_j], so c_m[t] counts
+    the subsets with sum t. Beyond 62 nonzero k_s the counts could pass 2^63, so c is kept as probabilities (halved
+    each step, exactly, as every one is a multiple of 2^-m ≥ 2^-1000), each a sum of positive terms through at
+    most m additions and the cdf through at most Σk + 1 more: r = γ_{m+Σk+1}, γ_j = j·u/(1 − j·u), u = 2^-53.
+    Time O(m·Σk), memory 2·(Σk + 1) words (numpy buffers the in-place update of an overlapping slice).
+    """
+    ks = np.sort(k[k > 0])  # ascending: the occupied prefix grows slowly
+    m, total = len(ks), int(ks.sum())
+    exact = m <= 62
+    c = np.zeros(total + 1, dtype=np.int64 if exact else np.float64)  # (Σk + 1,)
+    c[0] = 1
+    top = 0
+    for kj in ks.tolist():
+        c[kj : top + kj + 1] += c[: top + 1]  # the subsets without j, shifted by k_j: those with j
+        top += kj
+        if not exact:
+            c[: top + 1] *= 0.5
+    cdf = np.cumsum(c)  # (Σk + 1,)
+    if exact:
+        return cdf, m, 0.0
+    j = m + total + 1
+    return cdf, m, j * 2.0**-53 / (1 - j * 2.0**-53)
+
+
+def _flip_bracket(dstar: np.ndarray, bound: float, states: int) -> tuple[float, float]:
+    """Bounds on P(Σ_{s∈F} d*_s ≤ ``bound``) over the 2^n subsets F of the seeds, uniform (the engine of
+    :func:`sign_flip_lattice`, whose docstring has the argument)."""
+    n = len(dstar)
+    a = np.abs(dstar)  # (n,)
+    total = float(a.sum())
+    eta = 2 * (n + 8) * 2.0**-53 * total  # float rounding of every sum, E and threshold below
+    k_abs, delta, err = _lattice_step(a, states)
+    k = np.where(dstar < 0, -k_abs, k_abs)  # (n,) signed, d*_s = k_s·δ + e_s
+    cdf, m, rel = _subset_sum_cdf(k_abs)
+    shift, top = int(k_abs[k < 0].sum()), int(k_abs.sum())  # Σ_F k + shift is a subset sum of the |k_s|
+
+    def threshold(x: float) -> int:
+        """The largest t with δ·(t − shift) ≤ x: δ·K_F ≤ x ⇔ K_F + shift ≤ t."""
+        return math.floor(x / delta + shift)
+
+    def lattice_all(t: int) -> float:
+        """P(K_F + shift ≤ t) over every F (probability, int-exact where rel = 0)."""
+        return 0.0 if t < 0 else 1.0 if t >= top else float(cdf[t])
+
+    # F with at most 2 seeds (the observed pattern among them): their sums directly, not through the lattice
+    i, j = np.triu_indices(n, 1)  # (n(n−1)/2,) pairs
+    small_exact = np.concatenate(([0.0], dstar, dstar[i] + dstar[j]))  # (1 + n + n(n−1)/2,)
+    small_lattice = np.concatenate(([0], k, k[i] + k[j])) + shift
+    out = []
+    for sign in (-1.0, 1.0):
+        t = threshold(bound + sign * (err + eta))
+        exact_count = int(np.count_nonzero(small_exact <= bound + sign * eta))
+        lattice_count = int(np.count_nonzero(small_lattice <= t))
+        if rel == 0.0:  # exact integers: the 2^(n−m) patterns of the k_s = 0 each
+            big = (0 if t < 0 else (1 << m) if t >= top else int(cdf[t])) << (n - m)
+            out.append((big - lattice_count + exact_count) / (1 << n))
+        else:  # cdf within a factor 1 ± r of the truth; 4u more for the three roundings of this line
+            rest = lattice_all(t) / (1 - sign * rel) - math.ldexp(lattice_count, -n)
+            out.append((math.ldexp(exact_count, -n) + max(0.0, rest)) * (1 + sign * 2.0**-51))
+    return out[0], min(1.0, out[1])
+
+
+def sign_flip_lattice(d: Sequence[float], alternative: str = "two-sided", states: int | None = None) -> SignFlip:
+    r"""Exact sign-flip p of mean(d) = 0 bracketed by a dynamic programme on a lattice: p ∈ [p_lo, p_hi].
+
+    The p is :func:`sign_flip_enumerated`'s (same T, same tie tolerance tol = TIE_RTOL·Σ|d_s|). Take the
+    reference pattern σ* with d*_s = σ*_s|d_s| = d_s (greater), −d_s (less), sign(Σd)·d_s (two-sided), s* = Σd*.
+    Flipping the seeds of a set F gives S(σ) = s* − 2·Σ_{s∈F} d*_s, so S ≥ s* − tol ⇔ Σ_F d*_s ≤ tol/2 and
+
+        p = P_F(Σ_F d*_s ≤ tol/2)  (greater, less),   p = min(1, 2·P_F(…))  (two-sided, s* > tol; 1 if s* ≤ tol),
+
+    F uniform over the 2^n subsets (for the two-sided p the patterns with S ≤ −c mirror those with S ≥ c, c > 0).
+
+    Lattice: d*_s = k_s·δ + e_s with integers k_s = round(d*_s/δ), |e_s| ≤ δ/2 (:func:`_lattice_step`). Then
+    Σ_F d* = δ·K_F + Σ_F e_s with K_F = Σ_F k_s and |Σ_F e_s| ≤ E = Σ_s|e_s| ≤ n·δ/2 for every F, so
+
+        {δK_F ≤ tol/2 − E} ⊆ {Σ_F d* ≤ tol/2} ⊆ {δK_F ≤ tol/2 + E}:   P(δK ≤ tol/2 − E) ≤ p ≤ P(δK ≤ tol/2 + E).
+
+    K_F plus the sum of the |k_s| of negative d*_s is a subset sum of the |k_s|, counted by :func:`_subset_sum_cdf`
+    (the distribution of the sum under random signs as a convolution of two-point laws). The sets F of at most two
+    seeds (1 + n + n(n−1)/2 of them, the observed pattern F = ∅ first) are taken out of the lattice count and
+    counted on their own sums, so the observed pattern and its neighbours, which sit within E of the threshold,
+    do not widen the bracket (without this p_lo ≤ p − 2^-n always, and a p at its floor 2/2^n got p_lo = 0). E
+    and tol/2 are widened by η = 2(n + 8)·u·Σ|d| (u = 2^-53), which covers the float rounding of the enumeration's
+    sums (≤ γ_{n−1}·Σ|d|), of E and of the threshold on K, so [p_lo, p_hi] holds the enumerated p as well as the
+    real-arithmetic one. η < tol/2 for n ≤ 2000: a lattice that holds every d_s (equal values, rounded data,
+    E ≈ 0) gives p_lo = p_hi, the exact p.
+
+    δ: ``states`` = K sets Σ|k_s| ≈ K, δ ≈ Σ|d|/K: time O(n·K) and 16·K bytes for the programme, plus O(n²) for
+    the pairs. By default K starts at 2^16 and is multiplied by 4 until p_hi − p_lo ≤ LATTICE_RTOL·p_hi or K
+    reaches min(LATTICE_STATES, LATTICE_WORK/n). The width is about the probability that Σ_F d* lies within E of
+    tol/2: for an observed sum z standard deviations out, relative width ≈ 2z·E/√(Σd²) ≲ z·n^1.5/K; for three
+    56-seed sums of the sharpening grid 6e-4, 6e-4 and 4e-4 at K = 2^20, 2^20 and 2^22 (under a second each).
+    Near-ties are its floor: sums within E of the threshold whatever δ (the fourth, the reward spread, holds
+    float32 copies of a few values 1e-8 apart and stays at 2e-3, so refining stops when a 4× finer lattice
+    narrows the bracket by under 10%). p = p_hi.
+    """
+    n = len(d)
+    scaled = _scaled(d) if n else None
+    if scaled is None:
+        return SignFlip(*(3 * [float("nan")]), "lattice")
+    if n > MAX_LATTICE_SEEDS:
+        raise ValueError(f"{n} differences: the lattice bracket stops at {MAX_LATTICE_SEEDS} (float64 underflow)")
+    if alternative not in ("greater", "less", "two-sided"):
+        raise ValueError(f"alternative must be 'less', 'greater' or 'two-sided', got {alternative!r}")
+    x, obs = scaled  # (n,)
+    total = sum(np.abs(x).tolist())
+    if total == 0.0:  # every difference 0: every pattern ties with the observed one
+        return SignFlip(1.0, 1.0, 1.0, "lattice")
+    tol, eta = TIE_RTOL * total, 2 * (n + 8) * 2.0**-53 * total
+    sign = {"greater": 1.0, "less": -1.0, "two-sided": 1.0 if obs >= 0 else -1.0}[alternative]
+    star = sign * obs
+    cap = max(1 << 10, min(LATTICE_STATES, LATTICE_WORK // n))
+    size, width = (states if states is not None else min(cap, 1 << 16)), math.inf
+    while True:
+        lo, hi = _flip_bracket(sign * x, tol / 2, size)
+        if alternative == "two-sided":
+            lo = 1.0 if star - tol <= -eta else min(1.0, 2 * lo)
+            hi = 1.0 if star - tol <= eta else min(1.0, 2 * hi)
+        # stop when narrow, at the cap, or when a 4× finer lattice took off under 10% (near-ties at the threshold)
+        if states is not None or hi - lo <= LATTICE_RTOL * hi or size >= cap or hi - lo > 0.9 * width:
+            return SignFlip(hi, lo, hi, "lattice")
+        size, width = min(cap, 4 * size), hi - lo
+
+
+def sign_flip(d: Sequence[float], alternative: str = "two-sided") -> SignFlip:
+    """The exact sign-flip p of mean(d) = 0 for any n: enumerated up to MAX_EXACT_FLIPS differences
+    (:func:`sign_flip_enumerated`), bracketed beyond (:func:`sign_flip_lattice`, p = the bracket's upper end)."""
+    if len(d) <= MAX_EXACT_FLIPS:
+        p = sign_flip_enumerated(d, alternative) if len(d) else float("nan")
+        return SignFlip(p, p, p, "enumerated")
+    return sign_flip_lattice(d, alternative)
+
+
+def sign_flip_p(d: Sequence[float], alternative: str = "two-sided") -> float:
+    """Sign-flip permutation p-value of mean(d) = 0 (differences symmetric about 0 under H0): :func:`sign_flip`'s p.
+
+    p = #{σ: T(σ) ≥ T_obs} / 2^n over every assignment σ of signs to |d_s|, with T = mean (greater), −mean (less)
+    or |mean| (two-sided), ties within TIE_RTOL·Σ|d_s| counted as extreme. The observed assignment is one of them,
+    so p ≥ 2^-n. Exact up to MAX_EXACT_FLIPS differences; beyond, the upper end of an exact bracket (never below
+    the exact p; the bracket itself from :func:`sign_flip`).
+    """
+    return sign_flip(d, alternative).p
 
 
 def sign_flip_p_drawn(
@@ -226,13 +439,30 @@ def sign_flip_p_drawn(
 
 def paired_by_seed(a: Mapping[int, float], b: Mapping[int, float]) -> dict | None:
     """d = a − b over the seeds both have (``{seed: value}``): ``n``, ``mean``, its 95% t interval ``ci``, the
-    two-sided paired t-test's ``t_p`` and sign-flip ``sign_flip_p`` (exact up to 20 pairs); None below 2 pairs."""
+    two-sided paired t-test's ``t_p`` and the exact two-sided sign-flip ``sign_flip_p`` with its
+    ``sign_flip_bracket`` [p_lo, p_hi] and ``sign_flip_method`` (:func:`sign_flip`); None below 2 pairs."""
     seeds = sorted(a.keys() & b.keys())
     if len(seeds) < 2:
         return None
     d = paired_differences([a[s] for s in seeds], [b[s] for s in seeds])
     m, half = mean_ci(d)
-    return {"n": len(d), "mean": m, "ci": [m - half, m + half], "t_p": paired_t_p(d), "sign_flip_p": sign_flip_p(d)}
+    flip = sign_flip(d)
+    return {
+        "n": len(d),
+        "mean": m,
+        "ci": [m - half, m + half],
+        "t_p": paired_t_p(d),
+        "sign_flip_p": flip.p,
+        "sign_flip_bracket": [flip.p_lo, flip.p_hi],
+        "sign_flip_method": flip.method,
+    }
+
+
+def sign_flip_record(d: Sequence[float]) -> dict:
+    """The two-sided sign-flip keys of a paired test's record: ``p_sign_flip`` (:func:`sign_flip`'s p, exact or
+    the upper end of its bracket), ``p_sign_flip_bracket`` [p_lo, p_hi] and ``sign_flip_method``."""
+    flip = sign_flip(d, "two-sided")
+    return {"p_sign_flip": flip.p, "p_sign_flip_bracket": [flip.p_lo, flip.p_hi], "sign_flip_method": flip.method}
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
@@ -246,6 +476,51 @@ def holm(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p_values[i]))
         out[i] = running
     return out
+
+
+def holm_disjoint(p_values: Sequence[float], groups: Sequence[int]) -> list[float]:
+    """Holm's step-down where hypotheses of one group are disjoint (at most one of them true, as an equivalence
+    claim's H0: mean d = 0 and H0: |mean d| ≥ δ), so a group counts once in the multiplier (Shaffer 1986).
+
+    Sort the p-values ascending: p̃_(j) = max_{r ≤ j} min(1, t_r·p_(r)), t_r = the number of distinct groups among
+    the hypotheses ranked r … m (Holm's m − r + 1 when every group has one member). NaN p-values are left out of
+    the family and stay NaN.
+
+    Family-wise error ≤ α for any dependence, by closed testing with Bonferroni local tests: an intersection
+    ∩_{i∈J} H_i can be true only if J holds at most one hypothesis per group. For such a J containing H_(j), let r
+    ≤ j be the rank of J's smallest p; J lies among the hypotheses ranked r … m, so |J| ≤ t_r, and p̃_(j) < α gives
+    min_J p = p_(r) < α/t_r ≤ α/|J|, so Bonferroni rejects ∩J. Every intersection that can hold and contains H_(j) is
+    rejected: rejecting H_(j) is a closed test. An equivalence claim alone has t = 1 at both ranks, so p̃ = p: its
+    TOST is decided at α itself, i.e. by the (1 − 2α) interval (:func:`tost_p`), not at α/2 as plain Holm over
+    its two hypotheses would (the 95% interval at α = 0.05).
+    """
+    idx = sorted((i for i, p in enumerate(p_values) if not math.isnan(p)), key=lambda i: p_values[i])
+    out = [float("nan")] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(idx):
+        t = len({groups[k] for k in idx[rank:]})
+        running = max(running, min(1.0, t * p_values[i]))
+        out[i] = running
+    return out
+
+
+def tost_interval(d: Sequence[float], alpha: float = 0.05) -> list[float]:
+    """The (1 − 2α) t interval of mean(d) a TOST at α reads (90% at α = 0.05):
+    [m − t_{1−α, n−1}·s/√n, m + t_{1−α, n−1}·s/√n], m = mean(d), s = sd(d); NaN ends below 2 values."""
+    m, half = mean_ci(d, level=1 - 2 * alpha)
+    return [m - half, m + half]
+
+
+def tost_p(d: Sequence[float], margin: float) -> float:
+    """Paired TOST p of H0: |mean d| ≥ δ (δ = ``margin``) against equivalence |mean d| < δ (Schuirmann 1987).
+
+    p = max(p₋, p₊), the one-sided paired t p-values of H0: mean d ≤ −δ (p₋ = P(T ≥ (m + δ)/(s/√n))) and of
+    H0: mean d ≥ +δ (p₊ = P(T ≤ (m − δ)/(s/√n))), T ~ t_{n−1}, :func:`paired_t_p`. So p < α ⇔ both one-sided tests
+    reject at α ⇔ m − t_{1−α}·s/√n > −δ and m + t_{1−α}·s/√n < δ ⇔ the (1 − 2α) interval :func:`tost_interval`
+    (90% at α = 0.05) lies inside (−δ, δ). At zero spread the interval is the point m and p is 0 inside the
+    margin, ½ on it (t = 0) and 1 outside, the same rule.
+    """
+    return max(paired_t_p(d, "greater", shift=-margin), paired_t_p(d, "less", shift=margin))
 
 
 def paired_less(a: Sequence[float], b: Sequence[float]) -> dict:
@@ -263,19 +538,20 @@ def paired_less(a: Sequence[float], b: Sequence[float]) -> dict:
         "p_value": paired_t_p(d, "two-sided"),
         "p_less": paired_t_p(d, "less"),
         "p_greater": paired_t_p(d, "greater"),
-        "p_sign_flip": sign_flip_p(d, "two-sided") if d else float("nan"),
+        **sign_flip_record(d),
         "n_negative": sum(x < 0 for x in d),
     }
 
 
-def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float) -> dict:
-    """Claim mean(a) ≈ mean(b) within ±``margin`` over paired seeds: paired TOST on d = a − b,
-    p_TOST = max(p(mean d ≤ −δ), p(mean d ≥ +δ)); the two-sided paired t p-value of a difference beside it."""
+def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = 0.05) -> dict:
+    """Claim mean(a) ≈ mean(b) within ±``margin`` over paired seeds: paired TOST on d = a − b (:func:`tost_p`,
+    p_TOST = max(p(mean d ≤ −δ), p(mean d ≥ +δ))) with the (1 − 2α) interval it reads, ``ci_tost`` (90% at
+    α = 0.05; equivalence at α iff it lies inside ±δ); the two-sided paired t p-value of a difference beside it."""
     if not margin > 0:
         raise ValueError(f"equivalence margin must be > 0, got {margin}")
     d = paired_differences(a, b)
     mean, ci = mean_ci(d) if d else (float("nan"), float("nan"))
-    p_tost = max(paired_t_p(d, "greater", shift=-margin), paired_t_p(d, "less", shift=margin))
+    p_tost = tost_p(d, margin)
     return {
         "kind": "equivalent",
         "test": f"paired TOST on per-seed differences (margin ±{margin:.4g}, Holm-adjusted); paired t-test of a "
@@ -285,27 +561,37 @@ def paired_equivalent(a: Sequence[float], b: Sequence[float], margin: float) -> 
         "differences": d,
         "mean_difference": mean,
         "ci95": [mean - ci, mean + ci],
+        "ci_tost": tost_interval(d, alpha) if d else [float("nan"), float("nan")],
+        "ci_tost_level": 1 - 2 * alpha,
         "p_value": p_tost,
         "p_difference": paired_t_p(d, "two-sided"),
-        "p_sign_flip": sign_flip_p(d, "two-sided") if d else float("nan"),
+        **sign_flip_record(d),
         "n_negative": sum(x < 0 for x in d),
     }
+
+
+ADJUSTMENT = "Holm step-down, an equivalence claim's two disjoint nulls counted once"
+"""``adjustment`` of a decided record (:func:`holm_disjoint`); records without it were adjusted by plain Holm over
+every hypothesis, an equivalence claim's two counted twice (its TOST at α/2 when alone: the 95% interval)."""
 
 
 def decide(tests: Sequence[dict], alpha: float = 0.05) -> list[dict]:
     """Give each paired test its verdict, every tested hypothesis in one Holm family (module docstring).
 
     The family holds each ordering claim's two-sided p (H0: mean d = 0) and, for each equivalence claim, both of
-    its hypotheses: the TOST p (H0: |mean d| ≥ δ) and the two-sided difference p (H0: mean d = 0), so
-    m = #orderings + 2·#equivalences and the step-down runs over all of them at once. Ordering claims:
-    supported when the adjusted p < α and mean d < 0, opposite when it is significant with mean d > 0.
-    Equivalence claims: supported when the adjusted TOST p < α, else opposite when the adjusted difference p is.
-    The family-wise error of the verdicts is then ≤ α (Holm, any dependence; simulated in the tests). Returns new
-    dicts with ``p_adjusted`` (and ``p_difference_adjusted`` for equivalences), ``alpha`` and ``verdict``.
+    its hypotheses: the TOST p (H0: |mean d| ≥ δ) and the two-sided difference p (H0: mean d = 0), and the
+    step-down runs over all of them at once. An equivalence claim's two nulls cannot both be true, so they count
+    once in the multiplier (:func:`holm_disjoint`): decided alone, the TOST is at α, i.e. supported iff the
+    (1 − 2α) interval (90%) lies inside ±δ. Ordering claims: supported when the adjusted p < α and mean d < 0,
+    opposite when it is significant with mean d > 0. Equivalence claims: supported when the adjusted TOST p < α,
+    else opposite when the adjusted difference p is. The family-wise error of the verdicts is then ≤ α (any
+    dependence; simulated in the tests). Returns new dicts with ``p_adjusted`` (and ``p_difference_adjusted``
+    for equivalences), ``adjustment``, ``alpha`` and ``verdict``.
     """
     slots: list[tuple[int, str]] = [(i, "p_value") for i in range(len(tests))]
     slots += [(i, "p_difference") for i, t in enumerate(tests) if t["kind"] == "equivalent"]
-    adjusted = dict(zip(slots, holm([tests[i][k] for i, k in slots]), strict=True))
+    family = holm_disjoint([tests[i][k] for i, k in slots], [i for i, _ in slots])  # one group per claim
+    adjusted = dict(zip(slots, family, strict=True))
     out = []
     for i, t in enumerate(tests):
         p_adj = adjusted[(i, "p_value")]
@@ -320,5 +606,5 @@ def decide(tests: Sequence[dict], alpha: float = 0.05) -> list[dict]:
                 verdict = SUPPORTED
             elif extra["p_difference_adjusted"] < alpha:
                 verdict = OPPOSITE
-        out.append({**t, "p_adjusted": p_adj, **extra, "alpha": alpha, "verdict": verdict})
+        out.append({**t, "p_adjusted": p_adj, **extra, "adjustment": ADJUSTMENT, "alpha": alpha, "verdict": verdict})
     return out
