@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+FINDINGS_PAGE = HERE.parents[1] / "docs" / "findings.md"
 MINUS = "\u2212"
 
 
@@ -46,7 +47,11 @@ def values(d: Path = HERE) -> dict[str, str]:
                 outside.append(f"`{name}` {head} {f(pk[head])} [{f(a)}, {f(b)}]")
     v["outside"] = "; ".join(outside)
     v["outside_n"] = str(len(outside))
+    v["outside_words"] = {5: "five"}.get(len(outside), str(len(outside)))
     rs = regimes(d)
+    for cfg in ("sharpen", "discover"):
+        pk = rs[f"smollm2_{cfg}_beta0.5"]["predicted_kl"]
+        v[f"{cfg}_rev"], v[f"{cfg}_fwd"] = f(pk["reverse"]), f(pk["forward"])
     v["cross_05"] = f(rs["tiny_add"]["crossover_success_rate"])
     v["cross_01"] = f"{rs['smollm2_sharpen']['crossover_success_rate']:.4f}"
     h = rs["smollm2_sharpen_beta0.5_heldout_k256"]
@@ -74,11 +79,25 @@ QUOTES = [
     "every prompt rewarded at least once, the lowest success rate {train_min_rate}",
 ]
 
+FINDINGS = [
+    "(π* {sharpen_rev}, π_f {sharpen_fwd})",
+    "({discover_rev} / {discover_fwd})",
+    "{cross_05} at β = 0.5 and {cross_01} at β = 0.1",
+    "{outside_words} of the bootstrap intervals do not contain",
+]
+"""This study's phrases in docs/findings.md (each must occur there)."""
+
 
 def check(readme: Path = HERE / "README.md", v: dict[str, str] | None = None) -> list[str]:
     v = values() if v is None else v
     text = flat(readme.read_text())
-    return [f"{readme.name}: not once:\n{t.format_map(v)}" for t in QUOTES if text.count(flat(t.format_map(v))) != 1]
+    problems = [
+        f"{readme.name}: not once:\n{t.format_map(v)}" for t in QUOTES if text.count(flat(t.format_map(v))) != 1
+    ]
+    page = flat(FINDINGS_PAGE.read_text())
+    return problems + [
+        f"docs/findings.md: missing:\n{t.format_map(v)}" for t in FINDINGS if flat(t.format_map(v)) not in page
+    ]
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+FINDINGS_PAGE = HERE.parents[1] / "docs" / "findings.md"
 MINUS = "\u2212"
 EXTRA: list[str] = [
     "Greedy accuracy: {accs}.",
@@ -28,6 +29,8 @@ EXTRA: list[str] = [
     "The one decided verdict has a sign-flip p of {row0_sf}",
 ]
 """This study's phrases beyond the final KLs and the predictions' rows."""
+FINDINGS: list[str] = ["{d0}, {neg0}, Holm p {holm0}", "sign-flip p {row0_sf}: normality"]
+"""This study's phrases in docs/findings.md (each must occur there)."""
 ASSUMED: list[tuple[str, str]] = [("decided", "1"), ("all_decided_normal", "True")]
 """Words this study's README holds fixed, and the value of :func:`values` that keeps them true."""
 
@@ -84,6 +87,8 @@ def values(d: Path = HERE) -> dict[str, str]:
             f"{p['n_negative']}/{p['n_pairs']} | {pf(p['p_adjusted'])} | {pf(p['p_sign_flip'])} | {verdict} |"
         )
         v[f"row{i}_sf"] = pf(p["p_sign_flip"])
+        v[f"d{i}"] = f"{sg(p['mean_difference'], nd)} [{sg(lo, nd)}, {sg(hi, nd)}]"
+        v[f"holm{i}"], v[f"neg{i}"] = pf(p["p_adjusted"]), f"{p['n_negative']} of {p['n_pairs']}"
     v["rows"] = str(len(s["predictions"]))
     v["family"] = str(len(s["predictions"]) + sum(p["kind"] == "equivalent" for p in s["predictions"]))
     v["min_sign_flip"] = f"{2 / 2 ** len(seeds):.4f}"
@@ -120,6 +125,10 @@ def check(readme: Path = HERE / "README.md", v: dict[str, str] | None = None) ->
     text = flat(readme.read_text())
     problems = [
         f"{readme.name}: not once:\n{t.format_map(v)}" for t in phrases if text.count(flat(t.format_map(v))) != 1
+    ]
+    page = flat(FINDINGS_PAGE.read_text())
+    problems += [
+        f"docs/findings.md: missing:\n{t.format_map(v)}" for t in FINDINGS if flat(t.format_map(v)) not in page
     ]
     return problems + [f"{k} = {v[k]} (the README says {want})" for k, want in ASSUMED if v[k] != want]
 

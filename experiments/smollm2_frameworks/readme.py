@@ -20,6 +20,7 @@ from pathlib import Path
 from klgrad.compare.stats import paired_t_p, sign_flip_p
 
 HERE = Path(__file__).resolve().parent
+FINDINGS_PAGE = HERE.parents[1] / "docs" / "findings.md"
 MINUS = "\u2212"
 TOKEN_MEAN = ("trl/grpo-k3", "trl/grpo-k3-bias-correction", "verl/kl-loss-low-var-kl", "openrlhf/k1-reward")
 SUMS = ("k2_as_loss", "trl/rloo-k1-reward")
@@ -201,11 +202,25 @@ def derived(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+FINDINGS = [
+    "{prim}, {prim_below} of {n}, paired t p {prim_p}, sign-flip p {prim_sf}",
+    "decided at {n} seeds, one short of the {registered} registered:",
+    "an 8th difference of {sf_at_2} or below would give sign-flip p {sf_p_2}",
+    "the token-mean defaults end {tm_below} nats below the two sequence sums",
+    "descriptive: {rloo}",
+]
+"""This study's phrases in docs/findings.md (each must occur there)."""
+
+
 def check(readme: Path = HERE / "README.md", v: dict[str, str] | None = None) -> list[str]:
     v = derived(dict(values() if v is None else v))
     text = flat(readme.read_text())
     problems = [
         f"{readme.name}: not once:\n{t.format_map(v)}" for t in QUOTES if text.count(flat(t.format_map(v))) != 1
+    ]
+    page = flat(FINDINGS_PAGE.read_text())
+    problems += [
+        f"docs/findings.md: missing:\n{t.format_map(v)}" for t in FINDINGS if flat(t.format_map(v)) not in page
     ]
     return problems + [f"{k} = {v[k]} (the README says {want})" for k, want in ASSUMED if v[k] != want]
 

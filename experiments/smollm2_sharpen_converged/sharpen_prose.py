@@ -10,7 +10,8 @@ below (:data:`QUOTES`); :func:`values` computes every field from the grid's comm
 the held-out regime of ``experiments/regime``), with sharpen_report.py's functions where it has one (the exact
 sign-flip p, the interim looks, the learning-rate mass, the drift during training). :func:`check` renders every
 template and asks it to occur exactly once in the README, and that the words the templates hold fixed (a verdict, a
-bound met, an order) are still what the values say (:data:`ASSUMED`). Whitespace is not compared: a phrase matches
+bound met, an order) are still what the values say (:data:`ASSUMED`); this study's phrases of docs/findings.md
+(:data:`FINDINGS`) must occur there. Whitespace is not compared: a phrase matches
 however the README wraps its lines.
 """
 
@@ -34,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 GRID = HERE
 README = "README.md"
+FINDINGS_PAGE = ROOT / "docs" / "findings.md"
 HELDOUT_REGIME = ROOT / "experiments" / "regime" / "smollm2_sharpen_beta0.5_heldout_k256" / "regime.json"
 
 _spec = importlib.util.spec_from_file_location("sharpen_report", HERE / "sharpen_report.py")
@@ -250,6 +252,7 @@ def values(d: Path = GRID) -> dict[str, str]:
         v[f"rs_sf_{k}"] = x
     nr = [x["n"] for x in looks if x["tests"]["reward_std_in_group"]["verdict"] == "not resolved"]
     v["rs_nr"] = and_join([str(x) for x in nr])
+    v["rs_nr_n"] = str(len(nr))
     v["rs_supported_n"] = str(sum(x["tests"]["reward_std_in_group"]["verdict"] == "supported" for x in looks))
     v["rs_never_opp"] = str(all(x["tests"]["reward_std_in_group"]["verdict"] != "opposite" for x in looks))
 
@@ -260,6 +263,7 @@ def values(d: Path = GRID) -> dict[str, str]:
         v[f"lg_sf_{k}"] = x
     opp = [i for i, x in enumerate(looks) if x["tests"]["logp_gap"]["verdict"] == "opposite"]
     v["lg_opp_looks"] = ", ".join(str(looks[i]["n"]) for i in opp)
+    v["lg_first_n"] = str(looks[opp[0]]["n"])
     v["lg_first"] = f"{looks[opp[0]]['n']} seeds (Holm p {pf(looks[opp[0]]['tests']['logp_gap']['p_adjusted'])})"
     between = looks[opp[0] + 1 : opp[-1]]
     v["lg_between"] = and_join([str(x["n"]) for x in between])
@@ -385,6 +389,7 @@ def values(d: Path = GRID) -> dict[str, str]:
         b = o["by_method"][m]
         nd = 2 if k == "none" else 3
         v[f"opt_{k}"] = f"{f(b['mean'], nd)} \u00b1 {f((b['ci'][1] - b['ci'][0]) / 2, nd)}"
+    v["opt_k2_m"], v["opt_k3_m"] = (f(o["by_method"][m]["mean"]) for m in ("k2_as_loss", "k3_as_loss"))
     v["opt_diff"] = iv(o["k3_minus_k2"]["mean"], *o["k3_minus_k2"]["ci"])
     v["opt_p"] = pf(o["k3_minus_k2"]["t_p"])
     ds = json.loads((d / "downstream.json").read_text())
@@ -526,6 +531,26 @@ def derived(v: dict[str, str]) -> dict[str, str]:
     return v
 
 
+FINDINGS = [  # this study's phrases in docs/findings.md (each must occur there)
+    "{prim}; the predicted {pred} is excluded (p {p_vs_pred})",
+    "interim: {all}, paired t p {all_p}, exact sign-flip p {all_sf_p}",
+    "below 0.05 at the last of {looks} looks only",
+    "interim: {ho}, Holm p {ho_holm}, exact sign-flip p {ho_sf_p}",
+    "the summary's {ho_mc} is a Monte Carlo floor; opposite at every look from {ho_first_opp} seeds on",
+    "{rs_count} of {N}, Holm p {rs_holm}, exact sign-flip p {rs_sf_p}",
+    "not resolved at {rs_nr_n} of the {looks} looks",
+    "met by the record, mostly by the schedule",
+    "lr {lr_ratio}× its peak at step {w0}, {lr_share} of its mass in steps {w0}–60, a frozen policy passes with "
+    "probability {frozen}",
+    "k2's held-out KL fell by {k2_4060} from step 40 to 60 (p {k2_4060_p})",
+    "opposite at the last look only (Holm p {lg_holm})",
+    "opposite once before ({lg_first_n} seeds), not resolved at {lg_between}",
+    "KL(π‖π*) {opt_k2_m} (k2) and {opt_k3_m} (k3), paired {opt_diff}",
+    "the reference starts {ref_to_opt} away",
+    "held-out pass@1 {dd_h1}, Holm p over six columns {dd_h1_holm}",
+    "chat-prompt KL(π‖π_ref) {fg_k2} (k2) and {fg_k3} (k3), none {fg_none}",
+]
+
 ASSUMED = (  # words the README holds fixed, and the value that keeps them true
     ("conv_met", "True"),
     ("meas_equal", "True"),
@@ -564,9 +589,15 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def check(readme: Path = HERE / README, grid: Path = GRID, v: dict[str, str] | None = None) -> list[str]:
+def check(
+    readme: Path = HERE / README,
+    grid: Path = GRID,
+    v: dict[str, str] | None = None,
+    findings: Path | None = FINDINGS_PAGE,
+) -> list[str]:
     """The phrases that do not occur exactly once in ``readme``, rendered with ``grid``'s committed values (or the
-    values ``v`` of :func:`values`), and the fixed words the values would make false."""
+    values ``v`` of :func:`values`), this study's phrases missing from ``findings`` (docs/findings.md; None skips
+    it), and the fixed words the values would make false."""
     v = derived(dict(values(grid) if v is None else v))
     text = flat(readme.read_text())
     problems = [
@@ -574,6 +605,11 @@ def check(readme: Path = HERE / README, grid: Path = GRID, v: dict[str, str] | N
         for t in QUOTES
         if text.count(flat(t.format_map(v))) != 1
     ]
+    if findings is not None:
+        page = flat(findings.read_text())
+        problems += [
+            f"{findings.name}: missing:\n{t.format_map(v)}" for t in FINDINGS if flat(t.format_map(v)) not in page
+        ]
     problems += [f"{k} = {v[k]} (the README says {want}): edit it by hand" for k, want in ASSUMED if v[k] != want]
     return problems
 

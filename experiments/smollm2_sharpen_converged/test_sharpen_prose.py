@@ -58,3 +58,13 @@ def test_exact_p_values_and_their_brackets():
 def test_seed_ranges():
     assert prose.and_join(prose.ranges([*range(16, 44), 45, 50, 51, 52])) == "16–43, 45 and 50–52"
     assert prose.ranges([44, 46, 47]) == ["44", "46, 47"]
+
+
+def test_a_stale_number_in_the_findings_page_is_caught(committed, tmp_path):
+    page = prose.FINDINGS_PAGE.read_text()
+    assert "exact sign-flip p 1.34e-06" in page
+    copy = tmp_path / "findings.md"
+    copy.write_text(page.replace("exact sign-flip p 1.34e-06", "exact sign-flip p 7.63e-06"))
+    problems = prose.check(v=committed, findings=copy)
+    assert len(problems) == 1
+    assert problems[0].startswith("findings.md: missing:")

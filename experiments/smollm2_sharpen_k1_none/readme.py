@@ -18,6 +18,7 @@ from pathlib import Path
 from klgrad.compare.stats import mean_ci
 
 HERE = Path(__file__).resolve().parent
+FINDINGS_PAGE = HERE.parents[1] / "docs" / "findings.md"
 OTHER = HERE.parent / "smollm2_sharpen_compare" / "summary.json"
 MINUS = "\u2212"
 
@@ -101,12 +102,19 @@ ASSUMED = (
     ("converged", "False"),
 )
 
+FINDINGS = ["90% interval {ci90}, past the ±{margin} margin, TOST p {tost}"]
+"""This study's phrases in docs/findings.md (each must occur there)."""
+
 
 def check(readme: Path = HERE / "README.md", v: dict[str, str] | None = None) -> list[str]:
     v = values() if v is None else v
     text = flat(readme.read_text())
     problems = [
         f"{readme.name}: not once:\n{t.format_map(v)}" for t in QUOTES if text.count(flat(t.format_map(v))) != 1
+    ]
+    page = flat(FINDINGS_PAGE.read_text())
+    problems += [
+        f"docs/findings.md: missing:\n{t.format_map(v)}" for t in FINDINGS if flat(t.format_map(v)) not in page
     ]
     return problems + [f"{k} = {v[k]} (the README says {want})" for k, want in ASSUMED if v[k] != want]
 

@@ -19,6 +19,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+FINDINGS_PAGE = HERE.parents[1] / "docs" / "findings.md"
 MINUS = "\u2212"
 EXTRA: list[str] = [
     "at τ = {tau} on the held-out prompts",
@@ -30,6 +31,15 @@ EXTRA: list[str] = [
     "the policies are still {opt_range} nats from π*",
 ]
 """This study's phrases beyond the final KLs and the predictions' rows."""
+FINDINGS: list[str] = [
+    "{d0}, TOST Holm p {holm0} at ±0.1",
+    "(0.434 vs 0.435 on tiny addition)",
+    "k3 closer in {neg1_k3} seeds, {d1}, Holm p {holm1}",
+    "sign-flip p {row1_sf} (5 seeds cannot go lower)",
+    "{d7}, Holm p {holm7}",
+    "still {opt_range} nats from π*",
+]
+"""This study's phrases in docs/findings.md (each must occur there)."""
 ASSUMED: list[tuple[str, str]] = [("all_decided_normal", "True")]
 """Words this study's README holds fixed, and the value of :func:`values` that keeps them true."""
 
@@ -86,12 +96,16 @@ def values(d: Path = HERE) -> dict[str, str]:
             f"{p['n_negative']}/{p['n_pairs']} | {pf(p['p_adjusted'])} | {pf(p['p_sign_flip'])} | {verdict} |"
         )
         v[f"row{i}_sf"] = pf(p["p_sign_flip"])
+        v[f"d{i}"] = f"{sg(p['mean_difference'], nd)} [{sg(lo, nd)}, {sg(hi, nd)}]"
+        v[f"holm{i}"], v[f"neg{i}"] = pf(p["p_adjusted"]), f"{p['n_negative']} of {p['n_pairs']}"
     v["rows"] = str(len(s["predictions"]))
     v["family"] = str(len(s["predictions"]) + sum(p["kind"] == "equivalent" for p in s["predictions"]))
     v["min_sign_flip"] = f"{2 / 2 ** len(seeds):.4f}"
     v["normal_only"] = str(sum(p["p_adjusted"] < 0.05 and p["p_sign_flip"] > 0.05 for p in s["predictions"]))
     v["decided"] = str(sum(p["p_adjusted"] < 0.05 for p in s["predictions"]))
     v["all_decided_normal"] = str(v["normal_only"] == v["decided"])
+    k = s["predictions"][1]
+    v["neg1_k3"] = f"{k['n_pairs'] - k['n_negative']} of {k['n_pairs']}"
     if "stepwise_kl_se" in s["runs"][0]:
         se = [r["stepwise_kl_se"] for r in s["runs"]]
         k1 = [r["sampled_k1_se"] for r in s["runs"]]
@@ -122,6 +136,10 @@ def check(readme: Path = HERE / "README.md", v: dict[str, str] | None = None) ->
     text = flat(readme.read_text())
     problems = [
         f"{readme.name}: not once:\n{t.format_map(v)}" for t in phrases if text.count(flat(t.format_map(v))) != 1
+    ]
+    page = flat(FINDINGS_PAGE.read_text())
+    problems += [
+        f"docs/findings.md: missing:\n{t.format_map(v)}" for t in FINDINGS if flat(t.format_map(v)) not in page
     ]
     return problems + [f"{k} = {v[k]} (the README says {want})" for k, want in ASSUMED if v[k] != want]
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+FINDINGS_PAGE = HERE.parents[1] / "docs" / "findings.md"
 HEADS = ("none", "k1_in_reward", "k2_as_loss", "k3_as_loss")
 MINUS = "\u2212"
 
@@ -105,12 +106,19 @@ ASSUMED = (
     ("machine", "vm: Intel(R) Xeon(R) Processor (avx512)"),
 )
 
+FINDINGS = ["the largest seed sd of the final KL is {max_sd}"]
+"""This study's phrases in docs/findings.md (each must occur there)."""
+
 
 def check(readme: Path = HERE / "README.md", v: dict[str, str] | None = None) -> list[str]:
     v = values() if v is None else v
     text = flat(readme.read_text())
     problems = [
         f"{readme.name}: not once:\n{t.format_map(v)}" for t in QUOTES if text.count(flat(t.format_map(v))) != 1
+    ]
+    page = flat(FINDINGS_PAGE.read_text())
+    problems += [
+        f"docs/findings.md: missing:\n{t.format_map(v)}" for t in FINDINGS if flat(t.format_map(v)) not in page
     ]
     return problems + [f"{k} = {v[k]} (the README says {want})" for k, want in ASSUMED if v[k] != want]
 
