@@ -11,6 +11,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from klgrad.compare.stats import paired_by_seed
@@ -231,3 +232,76 @@ def test_optimum_summary_means_over_seeds_and_pairs_the_heads_by_seed():
     assert got["k3_minus_k2"] == paired_by_seed({0: 0.35, 1: 0.20}, {0: 0.30, 1: 0.20, 2: 0.40})
     assert got["k3_minus_k2"]["n"] == 2
     assert math.isclose(got["k3_minus_k2"]["mean"], 0.025, abs_tol=1e-12)
+
+
+def enumerated_p(d: list[float]) -> float:
+    """The two-sided sign-flip p by full enumeration, vectorised (2^n patterns in blocks), the library's tie rule."""
+    from klgrad.compare.stats import TIE_RTOL
+
+    mags = np.abs(np.asarray(d, dtype=np.float64))
+    c = abs(float(np.sum(d))) - TIE_RTOL * float(mags.sum())
+    n, hits, block = len(mags), 0, 1 << 14
+    bits = np.arange(n)
+    for start in range(0, 1 << n, block):
+        patterns = np.arange(start, min(start + block, 1 << n))[:, None]
+        signs = 1.0 - 2.0 * ((patterns >> bits) & 1)  # (block, n)
+        hits += int(np.count_nonzero(np.abs(signs @ mags) >= c))
+    return hits / (1 << n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 9, 13, 16])
+def test_the_lattice_bracket_holds_the_enumerated_p(n):
+    from klgrad.compare.stats import sign_flip_p
+
+    rng = np.random.default_rng(n)
+    for trial in range(4):
+        d = list(rng.normal(0.3 * trial, 1.0, n))
+        if trial == 3 and n > 2:  # ties and a zero: equal magnitudes, a difference of exactly 0
+            d[1], d[2], d[0] = d[2], -d[2], 0.0
+        exact = sign_flip_p(d)
+        assert enumerated_p(d) == exact
+        got = report.sign_flip_p_lattice(d, cells=1 << 12)
+        assert got["p_lo"] <= exact <= got["p_hi"]
+        assert got["rounding"] <= n * got["delta"] / 2 + 1e-15
+
+
+def test_the_lattice_bracket_holds_the_enumerated_p_at_20_differences_and_narrows():
+    rng = np.random.default_rng(20)
+    d = list(rng.normal(0.45, 1.0, 20))
+    exact = enumerated_p(d)
+    coarse, fine = (report.sign_flip_p_lattice(d, cells=c) for c in (1 << 10, 1 << 18))
+    assert coarse["p_lo"] <= fine["p_lo"] <= exact <= fine["p_hi"] <= coarse["p_hi"]
+    assert fine["p_hi"] - fine["p_lo"] < (coarse["p_hi"] - coarse["p_lo"]) / 10
+    small = report.sign_flip_p_exact(d[:8])
+    assert (small["method"], small["p_lo"], small["p_hi"]) == ("enumeration", enumerated_p(d[:8]), small["p"])
+
+
+def test_the_lattice_p_is_scale_invariant_and_at_least_two_patterns():
+    d = [0.5, 0.7, 1.1, 0.2, 0.9, 1.3, 0.4] * 4  # 28 differences, all positive: p = 2/2^28
+    p = report.sign_flip_p_exact(d)
+    assert p["method"] == "lattice"
+    assert p["p_lo"] <= 2 / 2**28 <= p["p_hi"]
+    scaled = report.sign_flip_p_lattice([1e-6 * x for x in d])
+    assert (scaled["p_lo"], scaled["p_hi"]) == pytest.approx((p["p_lo"], p["p_hi"]), rel=1e-12)
+    assert report.sign_flip_p_lattice([0.0, 0.0, 0.0])["p"] == 1.0
+
+
+def test_interim_looks_end_at_the_committed_summary():
+    """The last look, recomputed from grid.json's merges and the runs' final numbers, is summary.json's test."""
+    grid = ROOT / "experiments" / "smollm2_sharpen_converged"
+    looks = report.interim_looks(grid)
+    s = json.loads((grid / "summary.json").read_text())
+    assert looks[-1]["n"] == s["seeds"]
+    assert [x["n"] for x in looks] == sorted({x["n"] for x in looks})  # each look adds seeds
+    for p in s["predictions"]:
+        t = looks[-1]["tests"][p["metric"]]
+        assert t["p_adjusted"] == pytest.approx(p["p_adjusted"], rel=1e-9)
+        assert t["mean"] == pytest.approx(p["mean_difference"], rel=1e-9)
+        assert p["verdict"].startswith(t["verdict"])
+    assert looks[-1]["primary_all"]["p"] == pytest.approx(s["primary_all_seeds"]["p_value"], rel=1e-9)
+
+
+def test_a_policy_that_does_not_move_fails_the_movement_test_at_its_level():
+    assert report.frozen_pass_rate(56) == pytest.approx(1 - report.movement_power(0.0, 0.06, 56), abs=1e-9)
+    assert 0.94 < report.frozen_pass_rate(56) < 0.96
+    assert report.movement_power(0.03, 0.06, 16) > report.movement_power(0.015, 0.06, 16)
