@@ -55,7 +55,7 @@ from scipy import stats as st
 
 from klgrad.compare.convergence import cut_before_decay, metric_series, seeds_for_sd, window_deltas, window_spans
 from klgrad.compare.design import read_grid, registered_seeds
-from klgrad.compare.stats import MAX_EXACT_FLIPS, TIE_RTOL, holm, mean_ci, paired_by_seed, paired_t_p, sign_flip_p
+from klgrad.compare.stats import holm, mean_ci, paired_by_seed, paired_t_p, sign_flip
 from klgrad.plotting import pyplot, save
 from klgrad.trainer import read_jsonl
 
@@ -522,63 +522,12 @@ def per_run(rs: list[dict], out: Path) -> list[str]:
     return lines
 
 
-LATTICE_CELLS = 1 << 21
-"""Lattice cells per Σ|d|: δ = Σ|d_s| / LATTICE_CELLS (:func:`sign_flip_p_lattice`)."""
-
-
-def sign_flip_p_lattice(d: list[float], cells: int = LATTICE_CELLS) -> dict:
-    """The two-sided sign-flip p of :func:`klgrad.compare.stats.sign_flip_p`, for any number of differences, by a
-    dynamic programme over the differences on a lattice of step δ, with a bracket that holds the exact value.
-
-    p = #{σ ∈ {±1}^n: |Σ σ_s |d_s|| ≥ c} / 2^n with c = |Σ d_s| − TIE_RTOL·Σ|d_s| (the library's tie rule). Each
-    |d_s| is rounded to k_s·δ (δ = Σ|d_s|/``cells``, k_s integer); the distribution of S = Σ σ_s k_s is built one
-    difference at a time (P_s(j) = ½P_{s−1}(j − k_s) + ½P_{s−1}(j + k_s)), exactly up to float64 rounding (sums of
-    positive halves; relative error below 1e-13). The rounding moves every signed sum by at most E = Σ|d_s − k_s δ|
-    ≤ nδ/2, so p_lo = P(|S|δ ≥ c + E) ≤ p ≤ P(|S|δ ≥ c − E) = p_hi. Returns ``p`` (P(|S|δ ≥ c)), ``p_lo``,
-    ``p_hi``, ``delta``, ``rounding`` (E) and ``n``. Cost: about n·2·``cells`` float additions (0.1–0.5 s at the
-    default for 56 differences).
-
-    Written here until ``klgrad.compare.stats`` has its own exact p beyond 20 seeds (the library's p there is a
-    Monte Carlo estimate of 131,072 drawn patterns, :func:`klgrad.compare.stats.sign_flip_p_drawn`, whose floor is
-    1/131,073 = 7.6e-06)."""
-    mags = np.abs(np.asarray(d, dtype=np.float64))
-    n, total = len(mags), float(mags.sum())
-    if n == 0:
-        return {"p": float("nan"), "p_lo": float("nan"), "p_hi": float("nan"), "delta": 0.0, "rounding": 0.0, "n": 0}
-    if total == 0.0:  # every difference 0: every pattern ties with the observed sum
-        return {"p": 1.0, "p_lo": 1.0, "p_hi": 1.0, "delta": 0.0, "rounding": 0.0, "n": n}
-    c = abs(float(np.sum(np.asarray(d, dtype=np.float64)))) - TIE_RTOL * total
-    delta = total / cells
-    k = np.rint(mags / delta).astype(np.int64)
-    rounding = float(np.abs(mags - k * delta).sum())
-    dist = np.ones(1)  # P(S = j) for j = −K..K, K the sum of the k_s so far
-    for ks in k:
-        if ks == 0:
-            continue
-        nxt = np.zeros(len(dist) + 2 * int(ks))
-        nxt[: len(dist)] += 0.5 * dist  # σ_s = −1
-        nxt[2 * int(ks) :] += 0.5 * dist  # σ_s = +1
-        dist = nxt
-    half = (len(dist) - 1) // 2
-    size = np.abs(np.arange(-half, half + 1)) * delta
-    return {
-        "p": float(dist[size >= c].sum()),
-        "p_lo": float(dist[size >= c + rounding].sum()),
-        "p_hi": float(dist[size >= c - rounding].sum()),
-        "delta": delta,
-        "rounding": rounding,
-        "n": n,
-    }
-
-
-def sign_flip_p_exact(d: list[float], cells: int = LATTICE_CELLS) -> dict:
-    """The exact two-sided sign-flip p: full enumeration up to ``MAX_EXACT_FLIPS`` (20) differences
-    (:func:`klgrad.compare.stats.sign_flip_p`, ``p_lo`` = ``p`` = ``p_hi``, ``method`` "enumeration"), the lattice
-    programme beyond (:func:`sign_flip_p_lattice`, ``method`` "lattice")."""
-    if len(d) <= MAX_EXACT_FLIPS:
-        p = sign_flip_p(d)
-        return {"p": p, "p_lo": p, "p_hi": p, "delta": 0.0, "rounding": 0.0, "n": len(d), "method": "enumeration"}
-    return {**sign_flip_p_lattice(d, cells), "method": "lattice"}
+def sign_flip_p_exact(d: list[float]) -> dict:
+    """The exact two-sided sign-flip p of the library (:func:`klgrad.compare.stats.sign_flip`): full enumeration up
+    to 20 differences (``p_lo`` = ``p`` = ``p_hi``), beyond that a lattice programme whose bracket [``p_lo``,
+    ``p_hi``] holds the exact value, ``p`` its upper end; ``method`` says which."""
+    flip = sign_flip(list(d), "two-sided")
+    return {"p": flip.p, "p_lo": flip.p_lo, "p_hi": flip.p_hi, "n": len(d), "method": flip.method}
 
 
 SECONDARY = ("stepwise_kl", "logp_gap", "reward_std_in_group")

@@ -249,41 +249,25 @@ def enumerated_p(d: list[float]) -> float:
     return hits / (1 << n)
 
 
-@pytest.mark.parametrize("n", [1, 2, 5, 9, 13, 16])
-def test_the_lattice_bracket_holds_the_enumerated_p(n):
-    from klgrad.compare.stats import sign_flip_p
-
+@pytest.mark.parametrize("n", [1, 2, 5, 9, 13, 16, 20])
+def test_the_exact_p_is_the_enumerated_p_up_to_20_differences(n):
     rng = np.random.default_rng(n)
     for trial in range(4):
         d = list(rng.normal(0.3 * trial, 1.0, n))
         if trial == 3 and n > 2:  # ties and a zero: equal magnitudes, a difference of exactly 0
             d[1], d[2], d[0] = d[2], -d[2], 0.0
-        exact = sign_flip_p(d)
-        assert enumerated_p(d) == exact
-        got = report.sign_flip_p_lattice(d, cells=1 << 12)
-        assert got["p_lo"] <= exact <= got["p_hi"]
-        assert got["rounding"] <= n * got["delta"] / 2 + 1e-15
+        got = report.sign_flip_p_exact(d)
+        assert (got["method"], got["p_lo"], got["p"], got["p_hi"]) == ("enumerated", *[enumerated_p(d)] * 3)
 
 
-def test_the_lattice_bracket_holds_the_enumerated_p_at_20_differences_and_narrows():
-    rng = np.random.default_rng(20)
-    d = list(rng.normal(0.45, 1.0, 20))
-    exact = enumerated_p(d)
-    coarse, fine = (report.sign_flip_p_lattice(d, cells=c) for c in (1 << 10, 1 << 18))
-    assert coarse["p_lo"] <= fine["p_lo"] <= exact <= fine["p_hi"] <= coarse["p_hi"]
-    assert fine["p_hi"] - fine["p_lo"] < (coarse["p_hi"] - coarse["p_lo"]) / 10
-    small = report.sign_flip_p_exact(d[:8])
-    assert (small["method"], small["p_lo"], small["p_hi"]) == ("enumeration", enumerated_p(d[:8]), small["p"])
-
-
-def test_the_lattice_p_is_scale_invariant_and_at_least_two_patterns():
-    d = [0.5, 0.7, 1.1, 0.2, 0.9, 1.3, 0.4] * 4  # 28 differences, all positive: p = 2/2^28
+def test_beyond_20_the_bracket_holds_the_closed_form_and_is_scale_invariant():
+    d = [0.5, 0.7, 1.1, 0.2, 0.9, 1.3, 0.4] * 4  # 28 differences, all positive: p = 2/2^28 exactly
     p = report.sign_flip_p_exact(d)
     assert p["method"] == "lattice"
     assert p["p_lo"] <= 2 / 2**28 <= p["p_hi"]
-    scaled = report.sign_flip_p_lattice([1e-6 * x for x in d])
+    scaled = report.sign_flip_p_exact([1e-6 * x for x in d])
     assert (scaled["p_lo"], scaled["p_hi"]) == pytest.approx((p["p_lo"], p["p_hi"]), rel=1e-12)
-    assert report.sign_flip_p_lattice([0.0, 0.0, 0.0])["p"] == 1.0
+    assert report.sign_flip_p_exact([0.0] * 25)["p"] == 1.0
 
 
 def test_interim_looks_end_at_the_committed_summary():
