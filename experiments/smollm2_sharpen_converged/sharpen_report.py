@@ -56,6 +56,7 @@ from scipy import stats as st
 from klgrad.compare.convergence import cut_before_decay, metric_series, seeds_for_sd, window_deltas, window_spans
 from klgrad.compare.design import read_grid, registered_seeds
 from klgrad.compare.stats import holm, mean_ci, paired_by_seed, paired_t_p, sign_flip
+from klgrad.exact.estimators import log_z_of_masses
 from klgrad.plotting import pyplot, save
 from klgrad.trainer import read_jsonl
 
@@ -68,20 +69,6 @@ def ci(xs: list[float]) -> tuple[float, float, float]:
     """Mean and its 95% t interval (NaN bounds for fewer than 2 values)."""
     m, half = mean_ci(xs)
     return m, m - half, m + half
-
-
-def log_z(masses: list[tuple[float, float]], beta: float) -> float:
-    """log Σ_r m(r)·e^{r/β}, computed stably (log-sum-exp)."""
-    a = [math.log(m) + r / beta for r, m in masses if m > 0]
-    top = max(a)
-    return top + math.log(sum(math.exp(x - top) for x in a))
-
-
-def log_z_var(masses: list[tuple[float, float]], beta: float, k: int) -> float:
-    """Var(log Ẑ) ≈ Var(W)/(K·Z²) with W = e^{R/β} under the sampled masses (the delta method)."""
-    z = sum(m * math.exp(r / beta) for r, m in masses)
-    ew2 = sum(m * math.exp(2 * r / beta) for r, m in masses)
-    return (ew2 - z * z) / (k * z * z)
 
 
 def runs(grid: Path) -> list[dict]:
@@ -134,9 +121,10 @@ def kl_to_optimum(run: dict, regime: dict, beta: float) -> dict:
     for kl, entry, c in zip(kls, prompts, correct, strict=True):
         masses = [tuple(m) for m in entry["masses"]]
         p = sum(c) / len(c)
-        terms.append(kl - p / beta + log_z(masses, beta))
+        log_z, log_z_var = log_z_of_masses(masses, beta, k)
+        terms.append(kl - p / beta + log_z)
         var_p += p * (1 - p) / len(c) / beta**2
-        var_z += log_z_var(masses, beta, k)
+        var_z += log_z_var
     n = len(terms)
     se = math.sqrt(f["stepwise_kl_se"] ** 2 + (var_p + var_z) / n**2)
     never = sum(e["success_rate"] == 0 for e in prompts)

@@ -21,6 +21,7 @@ from klgrad.exact.estimators import (
     forgetting_kl,
     kl_to_optimum_from_samples,
     log_z_estimate,
+    log_z_of_masses,
     unseen_mass_limit,
 )
 from klgrad.exact.optima import kl_divergence, reverse_kl_optimum
@@ -329,3 +330,19 @@ def test_forgetting_reuses_the_reference_draw_and_gives_the_same_numbers(monkeyp
         p.view(-1)[0] = torch.nextafter(p.view(-1)[0], torch.tensor(float("inf")))
     forgetting_kl(policy, ref, tok, prompts, 4, MAX_NEW_TOKENS, TEMPERATURE)
     assert calls[-1] == (True, False)
+
+
+@pytest.mark.parametrize("beta", [0.001, 0.1, 0.5, 3.0])
+def test_log_z_of_masses_is_log_z_estimate_on_samples_with_those_shares(beta):
+    """K = 16 samples at rewards 0 (x 5), 0.5 (x 3) and 1 (x 8): the reward-class form gives the sample form's log Ẑ,
+    and its variance is the sample variance of W with divisor K instead of K − 1, over K Ẑ² (the delta method)."""
+    rewards = torch.tensor([0.0] * 5 + [0.5] * 3 + [1.0] * 8)
+    k = rewards.numel()
+    masses = [(0.0, 5 / 16), (0.5, 3 / 16), (1.0, 8 / 16)]
+    log_z, var = log_z_of_masses(masses, beta, k)
+    want = log_z_estimate(rewards, beta, (0.0, 1.0))
+    # both are a log-sum-exp of three terms in float64: a few ulps of log Z (|log Z| ≤ 1/β = 1000 here)
+    assert log_z == pytest.approx(want["log_z"], rel=1e-13, abs=1e-13)
+    assert var == pytest.approx(want["log_z_se"] ** 2 * (k - 1) / k, rel=1e-9)  # e^{±1/β} ratios: 1e-9 is ample
+    if beta >= 0.1:  # the naive sum does not overflow there: the formula itself
+        assert log_z == pytest.approx(math.log(sum(m * math.exp(r / beta) for r, m in masses)), rel=1e-12)

@@ -125,6 +125,23 @@ def log_z_estimate(ref_rewards: Tensor, beta: float, reward_range: tuple[float, 
     }
 
 
+def log_z_of_masses(masses: Sequence[tuple[float, float]], beta: float, samples: int) -> tuple[float, float]:
+    r"""log Z = log Σ_r m(r)·e^{r/β} of one prompt from its reward classes' masses m(r) (the share of K reference
+    samples at reward r, as ``klgrad regime`` records them), and the delta-method variance of log Ẑ:
+
+        Var(log Ẑ) ≈ Var(W) / (K·Z²),  W = e^{R/β},  Var(W) = Σ_r m(r)·e^{2r/β} − Z².
+
+    With m the empirical shares of K samples this is :func:`log_z_estimate`'s ``log_z`` and, up to its K − 1
+    divisor (``log_z_se``² · (K − 1)/K), its variance. Computed as a log-sum-exp (no overflow at small β)."""
+    if not beta > 0 or samples < 1:
+        raise ValueError(f"beta must be > 0 and samples >= 1, got beta={beta}, samples={samples}")
+    a = [(math.log(m) + r / beta, r) for r, m in masses if m > 0]  # log(m·e^{r/β}) per reward class
+    top = max(x for x, _ in a)
+    z_scaled = sum(math.exp(x - top) for x, _ in a)  # Z·e^{−top}
+    w2_scaled = sum(math.exp(x - top + r / beta - top) for x, r in a)  # E[W²]·e^{−2·top}
+    return top + math.log(z_scaled), (w2_scaled - z_scaled**2) / (samples * z_scaled**2)
+
+
 def kl_to_optimum_from_samples(
     stepwise: Tensor,
     rewards: Tensor,
