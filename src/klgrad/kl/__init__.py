@@ -79,9 +79,14 @@ from klgrad.kl.heads import (
 from klgrad.kl.levels import level_coefficients, masked_sum, reverse_cumsum
 from klgrad.kl.loss import adaptive_beta, kl_loss, kl_loss_per_sequence
 from klgrad.kl.numerics import EXP_CAP, MAX_LOG_RATIO, exp_linear_tail, expm1_linear_tail
-from klgrad.kl.offpolicy import clipped_surrogate_penalty, gspo_ratio, importance_ratio
+from klgrad.kl.offpolicy import clipped_surrogate_penalty, gspo_ratio, importance_ratio, per_decision_ratio
+from klgrad.kl.analytic import ANALYTIC_KL, analytic_kl_per_sequence, next_token_kl  # registers analytic_kl
 
 __all__ = [
+    "ANALYTIC_KL",
+    "analytic_kl_per_sequence",
+    "next_token_kl",
+    "per_decision_ratio",
     "ESTIMATORS",
     "EXP_CAP",
     "KL_HEADS",
