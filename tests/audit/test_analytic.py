@@ -30,5 +30,3 @@ def test_audit_rows_exact():
             assert row["err_rkl"] > 0.1, row  # the token ratio is biased (prefix mismatch ignored)
     capped = [r for r in result["per_decision"] if r["ratio"] == "per_decision_capped" and r["regime"] == "perturbed"]
     assert all(r["err_rkl"] > 1e-3 for r in capped)  # truncation at C = 2 bites: biased, and reported
-
-

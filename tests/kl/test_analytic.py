@@ -11,6 +11,7 @@ from klgrad.kl import get_kl_head, kl_loss_per_sequence
 from klgrad.kl.analytic import analytic_kl_per_sequence, next_token_kl
 from klgrad.kl.offpolicy import per_decision_ratio
 
+
 def test_next_token_kl_value_and_gradient_float64():
     g = torch.Generator().manual_seed(0)
     z = torch.randn(2, 5, 7, generator=g, dtype=torch.float64, requires_grad=True)

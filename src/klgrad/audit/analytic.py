@@ -62,7 +62,9 @@ def analytic_rows(problem, behaviour: dict[str, Tensor]) -> list[dict]:
         g_target = exact_gradient(sp, target, theta, ref)
         for regime, sampler in {"on_policy": None, **behaviour}.items():
             g = analytic_expected_gradient(sp, theta, ref, sampler, level)
-            rows.append(dict(head="analytic_kl", level=level, regime=regime, target=target, err_target=_rel(g, g_target)))
+            rows.append(
+                dict(head="analytic_kl", level=level, regime=regime, target=target, err_target=_rel(g, g_target))
+            )
     return rows
 
 
@@ -87,8 +89,15 @@ def per_decision_rows(problem, behaviour: dict[str, Tensor], heads=("k1_in_rewar
 
                 g, var = expected_gradient(sp, loss, theta, sampler, with_variance=True)
                 rows.append(
-                    dict(head=name, level="token_to_go", regime=regime, ratio=ratio, err_rkl=_rel(g, g_rkl),
-                         bias_sq=float((g - g_rkl).pow(2).sum()), variance=var)
+                    dict(
+                        head=name,
+                        level="token_to_go",
+                        regime=regime,
+                        ratio=ratio,
+                        err_rkl=_rel(g, g_rkl),
+                        bias_sq=float((g - g_rkl).pow(2).sum()),
+                        variance=var,
+                    )
                 )
     return rows
 

@@ -84,7 +84,9 @@ def next_token_kl(logits: Tensor, ref_logits: Tensor, temperature: float = 1.0, 
     ∂KL_t/∂z_t = p (log p − log q − KL_t) / τ in closed form.
     """
     if logits.shape != ref_logits.shape or logits.dim() != 3:
-        raise ValueError(f"logits and ref_logits must both be (B, T, V), got {tuple(logits.shape)}, {tuple(ref_logits.shape)}")
+        raise ValueError(
+            f"logits and ref_logits must both be (B, T, V), got {tuple(logits.shape)}, {tuple(ref_logits.shape)}"
+        )
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     return _NextTokenKL.apply(logits, ref_logits.detach(), float(temperature), int(chunk))

@@ -114,7 +114,8 @@ def kl_loss(
         clip_eps: off-policy only: symmetric PPO clip of the KL head, PPO-consistent side (docs/math.md,
             “Off-policy: importance sampling and the clip side”).
         ratio_level: off-policy importance ratio per ``token``, per ``sequence`` or ``per_decision`` (each term
-            of the KL return weighted by its own prefix's ratio ρ_{1:t}, :func:`~klgrad.kl.offpolicy.per_decision_ratio`;
+            of the KL return weighted by its own prefix's ratio ρ_{1:t},
+            :func:`~klgrad.kl.offpolicy.per_decision_ratio`;
             at ``sequence`` level the sequence ratio).
         is_correction: False reproduces the common bug: the head is applied as if on-policy (as-loss
             penalties differentiated directly, coefficients without IS), for comparisons only.

@@ -78,7 +78,8 @@ def importance_ratio(
     token: ρ_t = exp(l_t - o_t). sequence: ρ̃_t = sg(ρ) · exp(l_t - l̄_t) with ρ = exp(Σ_t m_t (l_t - o_t)):
     value ρ (the unnormalised sequence ratio, the exact importance weight of the whole response) and gradient
     ρ ∇l_t, so Σ_t ρ̃_t C_t has gradient ρ Σ_t C_t ∇l_t (unbiased sequence-level IS for any per-token
-    coefficient). per_decision: ρ_{1:t} at ``token_to_go`` (:func:`per_decision_ratio`). gspo: GSPO's length-normalised ratio, :func:`gspo_ratio` (reward head only; not an IS
+    coefficient). per_decision: ρ_{1:t} at ``token_to_go`` (:func:`per_decision_ratio`). gspo: GSPO's
+    length-normalised ratio, :func:`gspo_ratio` (reward head only; not an IS
     weight). Log-ratios are capped at ``max_log_ratio`` in value only (straight-through), so ρ never overflows
     and its gradient is never zeroed.
     """
