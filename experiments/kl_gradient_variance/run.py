@@ -119,6 +119,23 @@ def study(problem: AuditProblem, behaviour: Tensor | None, baseline: str, n: int
     return dict(baseline=baseline, batch_size=n, batches=batches, grad_norm_sq=float(g_star.pow(2).sum()), rows=out)
 
 
+def exact_across_problems(seeds: list[int]) -> dict:
+    """Exact per-sample tr Cov of every estimator, on-policy and from the perturbed behaviour, for other random
+    problems (AuditConfig(seed=s)): does the ranking at seed 0 hold?"""
+    out = {}
+    for seed in seeds:
+        base = make_problem(AuditConfig(seed=seed))
+        sp = base.space
+        row = {}
+        for part, behaviour in (("on_policy", None), ("off_policy_perturbed", base.behaviour)):
+            q = token_logps(sp, base.theta if behaviour is None else behaviour).sum(-1).exp()  # (N,)
+            for name, fn in estimators(base, behaviour).items():
+                G = per_sample_gradients(sp, base.theta, fn)  # (N, P)
+                row[f"{part}:{name}"] = float((q * (G - q @ G).pow(2).sum(-1)).sum())
+        out[str(seed)] = row
+    return out
+
+
 def measure_cost(repeats: int = 15) -> dict:
     """Median CPU time (one thread, so a shared machine's load does not enter) of one training forward + backward
     on the shipped tiny model, k2-style log-probs (policy
@@ -168,6 +185,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=512, help="independent batches (>= 64)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-cost", action="store_true")
+    ap.add_argument("--problem-seeds", type=int, nargs="*", default=[1, 2, 3, 4, 5, 6, 7, 8])
     args = ap.parse_args()
     cfg = AuditConfig()
     base = make_problem(cfg)
@@ -183,6 +201,7 @@ def main() -> None:
             base, base.behaviour, "k1_in_reward@token_to_go/sequence", args.n, args.batches, args.seed
         ),
     )
+    result["exact_other_problems"] = exact_across_problems(args.problem_seeds)
     if not args.no_cost:
         result["cost"] = measure_cost()
     (HERE / "results.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -195,6 +214,16 @@ def main() -> None:
                 f"proj {row['var_proj_per_sample']:.4f}  MSE exact {row['mse_exact_batch']:.5f} "
                 f"MC {row['mse_mc_batch']:.5f}  ratio {r:.3f} [{lo:.3f}, {hi:.3f}]"
             )
+    print("\nexact per-sample variance, other problems (seed: on-policy analytic@ttg / k2@seq, k1@ttg / k2@seq;")
+    print("   perturbed per_decision / sequence, token / sequence)")
+    for seed, row in result["exact_other_problems"].items():
+        on = "on_policy:"
+        off = "off_policy_perturbed:k1_in_reward@token_to_go/"
+        print(
+            f"  {seed}: {row[on + 'analytic_kl@token_to_go'] / row[on + 'k2_as_loss@sequence']:.3f}, "
+            f"{row[on + 'k1_in_reward@token_to_go'] / row[on + 'k2_as_loss@sequence']:.3f}; "
+            f"{row[off + 'per_decision'] / row[off + 'sequence']:.3f}, {row[off + 'token'] / row[off + 'sequence']:.3f}"
+        )
     if "cost" in result:
         print("\ncost", result["cost"])
 
