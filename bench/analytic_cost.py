@@ -8,6 +8,9 @@ CPU), the two alternated ``--pairs`` times; the row is the median step time and 
 more (B, T, V) float32 buffer plus the KL kernel's chunked workspace, and the extra time one reference forward
 inside the update (the k2 path reads its reference log-probs from the batch).
 
+Not run yet: on the shared 2-core CPU of the session that wrote it, one pair did not finish within 5 minutes; run it on
+a quiet machine or a GPU.
+
     python -m bench.analytic_cost                  # both heads, 3 pairs, writes bench/results/analytic_cost.json
     python -m bench.analytic_cost --one analytic_kl  # one process's row (what the driver runs)
 """

@@ -20,12 +20,12 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize(
     "over",
     [
-        {"kl.level": "token_to_go"},
-        {"kl.level": "sequence", "algo.ppo_epochs": 2},  # off-policy: the second epoch's behaviour is stale
+        {"kl.level": "token_to_go"},  # on-policy with the default kl.clip_eps: a clip never acts there
+        {"kl.level": "sequence", "algo.ppo_epochs": 2, "kl.clip_eps": None},  # off-policy: the 2nd epoch is stale
     ],
 )
 def test_analytic_head_trains(tmp_path, over):
-    cfg = small(tmp_path, **{"kl.head": "analytic_kl", "kl.beta": 0.1, "kl.clip_eps": None, "train.steps": 2, **over})
+    cfg = small(tmp_path, **{"kl.head": "analytic_kl", "kl.beta": 0.1, "train.steps": 2, **over})
     train(cfg, progress=False)
     steps = [r for r in read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl") if "loss/kl" in r]
     assert [r["step"] for r in steps] == [1, 2]
@@ -58,3 +58,12 @@ def test_training_forward_next_token_kl_matches_full_log_softmax():
     direct = torch.where(attn[:, 4:].bool(), (lp.exp() * (lp - lq)).sum(-1), 0.0)
     torch.testing.assert_close(kl, direct, rtol=0, atol=1e-5)
     assert float(kl.max()) > 1e-4  # the perturbed reference differs: the check is not of zeros
+
+
+def test_per_decision_ratio_trains_off_policy(tmp_path):
+    over = {"kl.head": "k2_as_loss", "kl.level": "token_to_go", "kl.ratio_level": "per_decision"}
+    cfg = small(tmp_path, **{**over, "kl.beta": 0.1, "algo.ppo_epochs": 2, "train.steps": 2})
+    train(cfg, progress=False)
+    steps = [r for r in read_jsonl(Path(cfg.train.out_dir) / "metrics.jsonl") if "loss/kl" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["loss/kl"]) and math.isfinite(r["grad_norm"]) for r in steps)

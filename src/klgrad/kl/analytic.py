@@ -21,7 +21,8 @@ Per level (:func:`analytic_kl_per_sequence`), with Δ_t = m_t (l_t − o_t) and 
     losses such as GKD differentiate), target ``local_rkl``, not the sequence KL's.
 On-policy every level's value is Σ_t m_t KL_t, the Rao–Blackwellised sequence-KL estimate. EOS and the length cap
 are the mask's: a response's last KL_t is at its EOS token or at the cap. Ratios are capped at ``max_log_ratio``
-in value only (straight-through). There is no clipped form (``clip_eps`` is refused).
+in value only (straight-through). There is no clipped form (``clip_eps`` is refused off-policy; on-policy a clip
+never acts).
 
 Precision: the head reads whole distributions, so its dtype axis is the logits' (float64 stays float64, half
 precision is promoted to float32 inside :func:`next_token_kl`), not the sampled log-probs'.
@@ -119,8 +120,8 @@ def analytic_kl_per_sequence(
     """
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if clip_eps is not None:
-        raise ValueError("analytic_kl has no clipped form: set kl.clip_eps to null (importance sampling only)")
+    if clip_eps is not None and old_logp is not None:  # on-policy a clip never acts (ρ ≡ 1), so it is not asked for
+        raise ValueError("analytic_kl has no clipped form off-policy: set kl.clip_eps to null (importance sampling)")
     for name, t in (("logp", logp), ("mask", mask), ("old_logp", old_logp)):
         if t is not None and t.shape != next_kl.shape:
             raise ValueError(f"{name} must have the shape of next_kl {tuple(next_kl.shape)}, got {tuple(t.shape)}")

@@ -15,7 +15,7 @@ import torch
 
 from klgrad.audit.framework_head import find_preset
 from klgrad.audit.framework_kl import FrameworkKL
-from klgrad.choices import ANALYTIC_HEADS, is_preset_id
+from klgrad.choices import is_preset_id
 from klgrad.config import Config, ConfigError, load_config, to_dict
 from klgrad.data.example import Example
 from klgrad.data.loaders import load_examples
@@ -296,7 +296,7 @@ def setup_run(
         cfg.rollout.temperature, fast_forward=cfg.model.fast_forward, packing=cfg.train.packing
     )
     analytic_fn = None
-    if cfg.kl.head in ANALYTIC_HEADS:  # the analytic KL head reads both models' next-token distributions
+    if getattr(kl_head(cfg), "style", None) == "analytic":  # it reads both models' next-token distributions
         analytic_fn = functools.partial(
             logprobs_and_next_kl, ref=ref, temperature=cfg.rollout.temperature, fast_forward=cfg.model.fast_forward
         )
