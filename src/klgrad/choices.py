@@ -20,6 +20,9 @@ HeadName = Literal[
     "js_as_loss",
 ]
 """The built-in heads' names, in registry (and docs table) order."""
+AnalyticHeadName = Literal["analytic_kl"]
+"""Heads that read whole next-token distributions (klgrad.kl.analytic), registered apart from the elementwise ones."""
+ANALYTIC_HEADS: tuple[str, ...] = get_args(AnalyticHeadName)
 IMPORT_PATH = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 """``package.module:name`` (``name`` may be a dotted attribute path): a user's head, as rewards take theirs."""
 PRESET_ID = r"[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
@@ -61,6 +64,7 @@ class OrImportPath:
         registered = getattr(sys.modules.get("klgrad.kl.heads"), "_REGISTERED", {})  # loaded only by a registrant
         return isinstance(value, str) and (
             value in self.choices
+            or value in ANALYTIC_HEADS
             or value in registered
             or re.fullmatch(IMPORT_PATH, value) is not None
             or is_preset_id(value)
@@ -76,7 +80,7 @@ class OrImportPath:
                 "choice_or_import_path",
                 "Input should be one of {expected}, 'package.module:name' or a framework preset id "
                 "'framework/name' (klgrad audit --framework; framework one of {frameworks})",
-                {"expected": list(self.choices), "frameworks": list(FRAMEWORKS)},
+                {"expected": [*self.choices, *ANALYTIC_HEADS], "frameworks": list(FRAMEWORKS)},
             )
 
         return core_schema.no_info_plain_validator_function(check)
@@ -84,7 +88,7 @@ class OrImportPath:
     def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
         return {
             "anyOf": [
-                {"enum": list(self.choices)},
+                {"enum": [*self.choices, *ANALYTIC_HEADS]},
                 {"type": "string", "pattern": IMPORT_PATH},
                 {"type": "string", "pattern": PRESET_ID},
             ]
@@ -93,11 +97,12 @@ class OrImportPath:
 
 Level = Literal["sequence", "token_to_go", "token"]
 LEVELS: tuple[str, ...] = get_args(Level)
-RatioLevel = Literal["token", "sequence"]
+RatioLevel = Literal["token", "sequence", "per_decision"]
+"""The KL head's importance ratio: per token, per response, or per decision (each term by its own prefix's ratio)."""
 RewardRatioLevel = Literal["token", "sequence", "gspo"]
 RATIO_LEVELS: tuple[str, ...] = get_args(RatioLevel)
 REWARD_RATIO_LEVELS: tuple[str, ...] = get_args(RewardRatioLevel)
-"""The reward head's ratio levels: the KL head's (exact IS weights) plus ``gspo`` (klgrad.kl.offpolicy.gspo_ratio)."""
+"""The reward head's ratio levels: the token and sequence ratios plus ``gspo`` (klgrad.kl.offpolicy.gspo_ratio)."""
 
 # the objective (klgrad.objective)
 Form = Literal["combined", "decoupled"]

@@ -149,6 +149,8 @@ RATIO_LEVEL_TEXT: dict[str, str] = {
     "token": "ρ_t = exp(l_t - o_t), one ratio per token.",
     "sequence": "ρ = exp(Σ_t m_t (l_t - o_t)), one ratio per response (unbiased importance sampling of whole "
     "responses).",
+    "per_decision": "ρ_{1:t} = exp(Σ_{t'≤t} m_t' (l_t' - o_t')): each term c_t of the KL return weighted by the "
+    "ratio of its own prefix (per-decision importance sampling; unbiased; at `sequence` level the sequence ratio).",
 }
 """docs/math.md, “Off-policy: importance sampling and the clip side”: one entry per ratio level of
 :data:`klgrad.kl.RATIO_LEVELS`."""

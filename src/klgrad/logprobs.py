@@ -450,10 +450,18 @@ def _padded_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """(logp, entropy or None) (B, T_resp) from a forward over every position, padding included: each group's
     prompt once (:func:`_shared_prompt_logits`) when ``fast_forward`` applies, else one transformers forward."""
+    logits = response_logits(model, input_ids, attention_mask, response_start, fast_forward)  # (B, T_resp, V)
+    return _logprobs_entropy(logits, input_ids[:, response_start:], temperature, with_entropy)
+
+
+def response_logits(
+    model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, response_start: int, fast_forward: bool = True
+) -> Tensor:
+    """(B, T_resp, V) logits that score the response tokens (position j - 1 predicts token j), padding included."""
     n_resp = input_ids.shape[1] - response_start
     logits = _shared_prompt_logits(model, input_ids, attention_mask, response_start) if fast_forward else None
     if logits is not None:
-        return _logprobs_entropy(logits, input_ids[:, response_start:], temperature, with_entropy)
+        return logits
     kwargs = {}
     if _accepts_logits_to_keep(model):
         kwargs["logits_to_keep"] = n_resp + 1  # positions response_start - 1 .. L - 1
@@ -464,8 +472,32 @@ def _padded_logprobs(
         use_cache=False,
         **kwargs,
     )
-    logits = out.logits[:, -(n_resp + 1) : -1]  # (B, T_resp, V): position j - 1 predicts token j
-    return _logprobs_entropy(logits, input_ids[:, response_start:], temperature, with_entropy)
+    return out.logits[:, -(n_resp + 1) : -1]  # (B, T_resp, V): position j - 1 predicts token j
+
+
+def logprobs_and_next_kl(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_start: int,
+    *,
+    ref: torch.nn.Module,
+    temperature: float = 1.0,
+    fast_forward: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""(logp, entropy, KL_t), (B, T_resp) each, for the analytic KL head: the policy's response log-probs and
+    entropies and KL_t = KL(π_τ(·|s_t) ‖ π_ref,τ(·|s_t)) (:func:`klgrad.kl.analytic.next_token_kl`), differentiable
+    in the policy, from one policy forward and one no-grad reference forward. Padding reads 0. The (B, T_resp, V)
+    logits of both models are held for the micro-batch (the padded path's memory, plus the reference's)."""
+    from klgrad.kl.analytic import next_token_kl
+
+    logits = response_logits(model, input_ids, attention_mask, response_start, fast_forward)  # (B, T, V)
+    with torch.no_grad():
+        ref_logits = response_logits(ref, input_ids, attention_mask, response_start, fast_forward)  # (B, T, V)
+    logp, entropy = token_logprobs_and_entropy(logits, input_ids[:, response_start:], temperature)  # (B, T) each
+    kl = next_token_kl(logits, ref_logits, temperature)  # (B, T)
+    pad = ~attention_mask[:, response_start:].bool()  # (B, T)
+    return logp.masked_fill(pad, 0.0), entropy.masked_fill(pad, 0.0), kl.masked_fill(pad, 0.0)
 
 
 def _logprobs_entropy(logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool):

@@ -34,6 +34,7 @@ from klgrad.config import AlgoConfig, KLConfig, KLHeadOptions
 from klgrad.kl import (
     MAX_LOG_RATIO,
     KLHead,
+    analytic_kl_per_sequence,
     get_kl_head,
     importance_ratio,
     kl_loss_per_sequence,
@@ -259,6 +260,7 @@ def policy_objective(
     num_sequences: int | None = None,
     num_tokens: int | float | None = None,
     mismatch_weights: Tensor | None = None,
+    next_token_kl: Tensor | None = None,
 ) -> ObjectiveTerms:
     r"""loss = agg(w ⊙ reward head) + β·agg'(KL head, decoupled only) - entropy_coef·agg(entropy).
 
@@ -276,6 +278,8 @@ def policy_objective(
             terms: the truncated importance weights of :func:`klgrad.rollout.mismatch.mismatch_weights` that
             correct for a rollout engine whose log-probs differ from the trainer's (TIS). The KL head is not
             reweighted (as in verl's TIS). None (default) = all ones: results unchanged.
+        next_token_kl: (B, T) KL_t carrying gradient, for a head that reads next-token distributions
+            (``analytic_kl``: :func:`klgrad.kl.analytic.analytic_kl_per_sequence`); needed by that head only.
     """
     mask = mask.bool()
     agg = dict(mode=spec.pg.aggregation, num_sequences=num_sequences, num_tokens=num_tokens)
@@ -303,6 +307,19 @@ def policy_objective(
     kl_agg = {**agg, "mode": spec.kl_aggregation}
     if spec.kl_active and spec.kl_term is not None:
         kl = aggregate_totals(spec.kl_term(logp, ref_logp, mask, old_logp), mask, **kl_agg)
+    elif spec.kl_active and spec.head.style == "analytic":
+        if next_token_kl is None:
+            raise ValueError(f"kl.head {spec.head.name} needs next_token_kl (klgrad.logprobs.logprobs_and_next_kl)")
+        kl_totals = analytic_kl_per_sequence(
+            next_token_kl,
+            logp,
+            mask,
+            old_logp=old_logp if spec.kl.is_correction else None,
+            level=spec.kl.level,
+            clip_eps=spec.kl.clip_eps,
+            max_log_ratio=spec.max_log_ratio,
+        )  # (B,)
+        kl = aggregate_totals(kl_totals, mask, **kl_agg)
     elif spec.kl_active:
         kl_totals = kl_loss_per_sequence(
             spec.head,
@@ -372,7 +389,8 @@ def objective_diagnostics(
     out["kl_clip_frac"] = 0.0
     head_active = spec.kl_active and spec.kl_term is None  # a preset's term clips by its own rule
     if head_active and spec.kl.is_correction and spec.kl.clip_eps is not None:
-        coef = level_coefficients(spec.head, l, r, mask, spec.kl.level)  # (B, T)
+        per_decision = spec.kl.ratio_level == "per_decision"  # then each term c_t has its own prefix ratio
+        coef = level_coefficients(spec.head, l, r, mask, "token" if per_decision else spec.kl.level)  # (B, T)
         kl_ratio = importance_ratio(l, o, mask, spec.kl.ratio_level, spec.max_log_ratio)  # (B, T)
         eps = spec.kl.clip_eps
         kl_clipped = ((coef > 0) & (kl_ratio < 1 - eps)) | ((coef < 0) & (kl_ratio > 1 + eps))

@@ -258,7 +258,7 @@ def test_gspo_ratio_is_a_reward_head_level_only():
 
     cfg = load_config(None, {"algo.ratio_level": "gspo", "algo.clip_eps_low": 3e-4, "algo.clip_eps_high": 4e-4})
     assert ObjectiveSpec.from_config(cfg).pg.ratio_level == "gspo"
-    with pytest.raises(ConfigError, match=r"^kl\.ratio_level must be 'token' or 'sequence'"):
+    with pytest.raises(ConfigError, match=r"^kl\.ratio_level must be 'token', 'sequence' or 'per_decision'"):
         load_config(None, {"kl.ratio_level": "gspo"})
 
 

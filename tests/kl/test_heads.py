@@ -854,7 +854,7 @@ def test_clip_side_single_sequence(name, ratio_level):
             loss = kl_loss(head(name), x, ref, m, old_logp=old, level="sequence", clip_eps=eps, ratio_level=ratio_level)
             (g,) = torch.autograd.grad(loss, x)
             pushes = (c > 0 and rho > 1 + eps) or (c < 0 and rho < 1 - eps)
-            if ratio_level == "sequence":
+            if ratio_level in ("sequence", "per_decision"):  # per decision at sequence level: one term, ρ_{1:T}
                 expect = t64([[rho * c] * 3]) if pushes else torch.zeros(1, 3, dtype=F64)
             else:  # token ratio: tokens 1, 2 have ρ_t = 1 (inside the clip range, gradient c)
                 expect = t64([[rho * c if pushes else 0.0, c, c]])

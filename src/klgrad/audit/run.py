@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from klgrad.audit.analytic import exact_heads_audit
 from klgrad.audit.frameworks import framework_rows, print_framework_table, write_frameworks
 from klgrad.audit.precision import head_precision, print_precision_table, with_precision
 from klgrad.audit.tabular import (
@@ -337,7 +338,16 @@ def run_audit(cfg: AuditConfig, penalty: str | None = None, dtype: str = "float6
         sweep=dict(distances=list(cfg.sweep), err_rkl=distance_sweep(cfg, heads)),
         frameworks=framework_rows(problem, dtype=dtype),
         staleness=staleness_audit(cfg, heads),
+        exact_heads=_exact_heads(cfg, problem),
     )
+
+
+def _exact_heads(cfg: AuditConfig, problem: AuditProblem) -> dict:
+    """The analytic head's and the per-decision ratio's rows (:mod:`klgrad.audit.analytic`), the stale behaviour
+    θ_{t−k} at the largest k of ``cfg.staleness`` (4 steps back if none)."""
+    thetas = stale_trajectory(problem, max(cfg.staleness, default=4), cfg.stale_lr, cfg.beta)
+    at_k = AuditProblem(problem.space, thetas[-1], problem.ref, problem.behaviour, problem.rewards)
+    return exact_heads_audit(at_k, thetas[0])
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ surrogate) and :mod:`~klgrad.kl.loss` (:func:`kl_loss`, :func:`adaptive_beta`). 
 """
 
 from klgrad.choices import LEVELS, RATIO_LEVELS, REWARD_RATIO_LEVELS, HeadName, Level, RatioLevel, RewardRatioLevel
+from klgrad.kl.analytic import ANALYTIC_KL, analytic_kl_per_sequence, next_token_kl  # registers analytic_kl
 from klgrad.kl.estimators import (
     ESTIMATORS,
     EstimatorKind,
@@ -79,9 +80,10 @@ from klgrad.kl.heads import (
 from klgrad.kl.levels import level_coefficients, masked_sum, reverse_cumsum
 from klgrad.kl.loss import adaptive_beta, kl_loss, kl_loss_per_sequence
 from klgrad.kl.numerics import EXP_CAP, MAX_LOG_RATIO, exp_linear_tail, expm1_linear_tail
-from klgrad.kl.offpolicy import clipped_surrogate_penalty, gspo_ratio, importance_ratio
+from klgrad.kl.offpolicy import clipped_surrogate_penalty, gspo_ratio, importance_ratio, per_decision_ratio
 
 __all__ = [
+    "ANALYTIC_KL",
     "ESTIMATORS",
     "EXP_CAP",
     "KL_HEADS",
@@ -100,6 +102,7 @@ __all__ = [
     "RewardRatioLevel",
     "Target",
     "adaptive_beta",
+    "analytic_kl_per_sequence",
     "autograd_coefficient",
     "clipped_surrogate_penalty",
     "custom_kl_head",
@@ -120,6 +123,8 @@ __all__ = [
     "log_ratio_coefficient",
     "masked_sum",
     "mse_coefficient",
+    "next_token_kl",
+    "per_decision_ratio",
     "register_kl_head",
     "reverse_cumsum",
     "sequence_kl_estimates",

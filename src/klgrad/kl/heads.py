@@ -21,7 +21,8 @@ from torch import Tensor
 from klgrad.import_path import import_object
 from klgrad.kl.numerics import EXP_CAP, at_least_f32, closed_form_slope, exp_linear_tail, expm1_linear_tail
 
-HeadStyle = Literal["in_reward", "as_loss", "none"]
+HeadStyle = Literal["in_reward", "as_loss", "none", "analytic"]
+"""``analytic``: a head that reads whole next-token distributions (:mod:`klgrad.kl.analytic`), not c(l̄, r)."""
 Target = Literal[
     "rkl", "fkl", "mse", "js", "local_rkl", "local_fkl", "local_mse", "local_js", "expected_length", "zero"
 ]

@@ -9,7 +9,7 @@ from klgrad.choices import LEVELS, RATIO_LEVELS, Level, RatioLevel
 from klgrad.kl.heads import KLHead, get_kl_head
 from klgrad.kl.levels import level_coefficients, masked_sum
 from klgrad.kl.numerics import MAX_LOG_RATIO, at_least_f32, straight_through_cap
-from klgrad.kl.offpolicy import clipped_surrogate_penalty, importance_ratio
+from klgrad.kl.offpolicy import clipped_surrogate_penalty, importance_ratio, per_decision_ratio
 
 
 def _validate(
@@ -46,10 +46,17 @@ def kl_loss_per_sequence(
     ratio_level: RatioLevel = "sequence",
     is_correction: bool = True,
     max_log_ratio: float = MAX_LOG_RATIO,
+    ratio_cap: float | None = None,
 ) -> Tensor:
     r"""Per-sequence KL loss (tokens summed, β not included), shapes (B, T) -> (B,). See :func:`kl_loss`."""
     head = get_kl_head(head)
     _validate(logp, ref_logp, mask, old_logp, level, ratio_level, clip_eps)
+    if head.style == "analytic":
+        raise ValueError(
+            f"{head.name} reads the next-token distributions: use klgrad.kl.analytic.analytic_kl_per_sequence"
+        )
+    if ratio_cap is not None and ratio_level != "per_decision":
+        raise ValueError(f"ratio_cap is the capped per-decision ratio's; ratio_level is {ratio_level!r}")
     mask = mask.bool()
     l = torch.where(mask, at_least_f32(logp), 0.0)  # (B, T) garbage in padding never matters
     r = torch.where(mask, at_least_f32(ref_logp.detach()), 0.0)  # (B, T)
@@ -64,7 +71,12 @@ def kl_loss_per_sequence(
         return masked_sum(head.penalty(l, r), mask)  # (B,)
 
     behaviour = old_logp if off_policy else l.detach()
-    if level == "sequence" and ratio_level == "sequence":
+    if ratio_level == "per_decision" and level != "sequence":
+        # Each term c_t (token_to_go: of the return, so c per token) weighted by its own prefix's ratio ρ_{1:t}.
+        coef = level_coefficients(head, l, r, mask, "token")  # (B, T) detached c_t
+        ratio = per_decision_ratio(l, behaviour, mask, level, max_log_ratio, ratio_cap)  # (B, T)
+        return masked_sum(clipped_surrogate_penalty(coef, ratio, clip_eps if off_policy else None), mask)  # (B,)
+    if level == "sequence" and ratio_level in ("sequence", "per_decision"):
         # Bandit view: one coefficient, one ratio per sequence: max(ρ c, clip(ρ) c) with ρ = e^{L - O}.
         o = torch.where(mask, at_least_f32(behaviour.detach()), 0.0)  # (B, T)
         seq_coef = head.coefficient(l.sum(-1), r.sum(-1))  # (B,)
@@ -88,6 +100,7 @@ def kl_loss(
     ratio_level: RatioLevel = "sequence",
     is_correction: bool = True,
     max_log_ratio: float = MAX_LOG_RATIO,
+    ratio_cap: float | None = None,
 ) -> Tensor:
     r"""KL loss to minimise (β not included): mean over sequences of the per-sequence loss (tokens summed).
 
@@ -100,10 +113,14 @@ def kl_loss(
         level: ``sequence`` | ``token_to_go`` | ``token`` (docs/math.md, “Where a head acts: level”).
         clip_eps: off-policy only: symmetric PPO clip of the KL head, PPO-consistent side (docs/math.md,
             “Off-policy: importance sampling and the clip side”).
-        ratio_level: off-policy importance ratio per ``token`` or per ``sequence``.
+        ratio_level: off-policy importance ratio per ``token``, per ``sequence`` or ``per_decision`` (each term
+            of the KL return weighted by its own prefix's ratio ρ_{1:t},
+            :func:`~klgrad.kl.offpolicy.per_decision_ratio`;
+            at ``sequence`` level the sequence ratio).
         is_correction: False reproduces the common bug: the head is applied as if on-policy (as-loss
             penalties differentiated directly, coefficients without IS), for comparisons only.
         max_log_ratio: cap of the importance log-ratio in value (overflow guard; gradient unchanged).
+        ratio_cap: ``per_decision`` only: the truncated weights min(ρ_{1:t}, C) (biased; None: exact).
 
     Returns:
         Scalar. On-policy: as-loss heads at ``sequence``/``token`` give ψ (value and gradient); in-reward
@@ -123,6 +140,7 @@ def kl_loss(
         ratio_level=ratio_level,
         is_correction=is_correction,
         max_log_ratio=max_log_ratio,
+        ratio_cap=ratio_cap,
     ).mean()
 
 

@@ -22,6 +22,7 @@ from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
 from klgrad.distributed import Dist, this_process_placement
 from klgrad.kl import KLHead, get_kl_head
+from klgrad.logprobs import logprobs_and_next_kl
 from klgrad.models import disable_dropout, load_model_and_tokenizer
 from klgrad.models.lora import apply_lora, base_view, trainable_parameters
 from klgrad.rewards import RewardSpec
@@ -294,7 +295,12 @@ def setup_run(
     logprob_fn = make_logprob_fn(
         cfg.rollout.temperature, fast_forward=cfg.model.fast_forward, packing=cfg.train.packing
     )
-    train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn), optimizer)
+    analytic_fn = None
+    if getattr(kl_head(cfg), "style", None) == "analytic":  # it reads both models' next-token distributions
+        analytic_fn = functools.partial(
+            logprobs_and_next_kl, ref=ref, temperature=cfg.rollout.temperature, fast_forward=cfg.model.fast_forward
+        )
+    train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn, analytic_fn), optimizer)
     if dist.is_main:
         write_run_files(cfg, run_dir, model_dir, dist.world)
     in_force = cfg  # a resumed adaptive β goes on from its checkpoint's value (check_resume keeps kl.beta)

@@ -103,12 +103,17 @@ class PolicyLogprobs(torch.nn.Module):
     DDP's hooks on the policy's parameters all-reduce their gradients.
     """
 
-    def __init__(self, policy: torch.nn.Module, logprob_fn: LogprobFn) -> None:
+    def __init__(self, policy: torch.nn.Module, logprob_fn: LogprobFn, analytic_fn: Callable | None = None) -> None:
         super().__init__()
         self.policy = policy
         self.logprob_fn = logprob_fn
+        self.analytic_fn = analytic_fn
+        """``analytic_fn(policy, input_ids, attention_mask, response_start) -> (logp, entropy, KL_t)`` for a head that
+        reads next-token distributions (:func:`klgrad.logprobs.logprobs_and_next_kl`); None: (logp, entropy)."""
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, response_start: int, with_entropy: bool):
+        if self.analytic_fn is not None:
+            return self.analytic_fn(self.policy, input_ids, attention_mask, response_start)
         return self.logprob_fn(self.policy, input_ids, attention_mask, response_start, with_entropy)
 
 
@@ -210,7 +215,7 @@ def accumulate_micro_batch(
     the parameters, the micro-batch's shares of the statistics in ``totals``. Returns whether its loss is
     finite and its largest importance ratio. ``scale``: the world size W (DDP averages gradients over ranks);
     ``nan``: make the loss NaN (:attr:`klgrad.trainer.faults.Hooks.nan`)."""
-    logp, entropy = train_model(batch.input_ids[rows], batch.attention_mask[rows], batch.response_start, True)
+    logp, entropy, *next_kl = train_model(batch.input_ids[rows], batch.attention_mask[rows], batch.response_start, True)
     mask = batch.mask[rows]
     old_logp = _rows(batch.old_logp, rows)
     terms = policy_objective(
@@ -224,6 +229,7 @@ def accumulate_micro_batch(
         num_sequences=num_sequences,
         num_tokens=num_tokens,
         mismatch_weights=_rows(batch.mismatch_weights, rows),
+        next_token_kl=next_kl[0] if next_kl else None,
     )
     loss = terms.loss * float("nan") if nan else terms.loss
     finite = bool(torch.isfinite(loss))
