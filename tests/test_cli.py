@@ -29,6 +29,10 @@ def _choices(parser: argparse.ArgumentParser, dest: str) -> tuple:
     return next(a for a in parser._actions if a.dest == dest).choices
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def test_console_script_and_module_run_cli_main():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     module, _, name = scripts["klgrad"].partition(":")
@@ -48,7 +52,7 @@ def test_every_subcommand_runs_its_own_handler():
 
 def test_flag_choices_are_what_the_code_implements():
     commands = _subparsers()
-    assert sorted(_choices(commands["compare"], "level")) == sorted(LEVELS)
+    assert sorted(_choices(_subcommands(commands["compare"])["run"], "design.level")) == sorted(LEVELS)
     assert tuple(_choices(commands["sft"], "task")) == tuple(n for n, spec in TASKS.items() if not spec.chat)
     assert tuple(_choices(commands["reproduce"], "name")) == cli.REPRODUCE_TARGETS
     assert tuple(_choices(commands["completion"], "shell")) == SHELLS

@@ -10,7 +10,8 @@ from pathlib import Path
 from klgrad.audit.framework_head import PRESETS_BY_ID
 from klgrad.audit.frameworks_doc import HEAD_TO_HEAD, HEAD_TO_HEAD_PRIMARY
 from klgrad.compare.claims import parse_claim
-from klgrad.compare.grid import METHODS, check_claim
+from klgrad.compare.design import METHODS
+from klgrad.compare.hypotheses import check_claim
 
 SCRIPT = Path(__file__).resolve().parent / "frameworks_grid.sh"
 

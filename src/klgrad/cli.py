@@ -195,349 +195,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad compare``: the paper's KL comparison as a grid of training runs (:mod:`klgrad.compare.grid`)."""
-    c = sub.add_parser(
-        "compare",
-        help="the paper's KL comparison: none, k1/k2/k3 as loss, k1 in reward; x seeds; with statistics",
-        description="Train every method for every seed (and beta) with everything else equal; write the "
-        "paper-style figure, a reward-KL frontier, and summary.json/.md with mean ± 95% CI and a verdict for "
-        "each of the paper's predictions from a named test. Finished runs are skipped, interrupted ones resumed. "
-        "Other config fields are dotted flags applied to every run (--rollout.prompts_per_step 4).",
-    )
-    c.add_argument("--config", default="configs/tiny_add.yaml", help="base training config")
-    c.add_argument("--out", default="runs/compare", help="output folder")
-    c.add_argument("--seeds", type=int, default=5, help="seeds per method (>= 2; runs of one seed are paired)")
-    c.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    c.add_argument("--betas", default="0.5", help="comma-separated KL weights (a sweep adds frontier points)")
-    c.add_argument(
-        "--level",
-        default="token",
-        choices=("token", "sequence", "token_to_go"),
-        help="where the KL heads act (default token: what GRPO/verl do, as in the paper's runs)",
-    )
-    c.add_argument(
-        "--methods",
-        default=None,
-        help="comma-separated methods: klgrad heads (default: all five), package.module:name, or framework preset "
-        "ids of `klgrad audit --framework` (trl/grpo-k3: that framework's KL term, its own level and form)",
-    )
-    c.add_argument(
-        "--beta-scale",
-        default=None,
-        metavar="off|length|length=L",
-        help="same nominal KL strength for every method: a method whose KL aggregation divides by the response "
-        "length (a token mean, e.g. trl/grpo-k3) trains at beta*L, L the reference's mean response length on the "
-        "training prompts, measured once (or given: length=L) and recorded in grid.json with each method's "
-        "effective beta; a token sum or sequence-level head at beta (default off: every method at beta)",
-    )
-    c.add_argument("--kl-prompts", type=int, default=20, help="held-out prompts of the final KL (default 20)")
-    c.add_argument("--kl-samples", type=int, default=16, help="policy samples per prompt of the final KL (default 16)")
-    c.add_argument(
-        "--margin",
-        type=float,
-        default=None,
-        help="equivalence margin of 'k1_as_loss ~ none', nats of final KL, stated before the runs (default 0.1)",
-    )
-    c.add_argument(
-        "--optimum-ref-samples",
-        type=int,
-        default=0,
-        metavar="K",
-        help="also estimate each final policy's KL to the optimum pi* of J_beta from samples, log Z from K reference "
-        "samples per held-out prompt (>= 256 advised; default 0: off; the exact value is reported for short answers)",
-    )
-    c.add_argument(
-        "--forgetting-samples",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also measure KL(pi||pi_ref) and KL(pi_ref||pi) on the shipped general chat prompts, N samples per "
-        "prompt in each direction (default 0: off)",
-    )
-    c.add_argument(
-        "--no-checkpoints",
-        action="store_true",
-        help="delete each run's checkpoints once its final numbers (and --final-hook evaluations) are written (a "
-        "real model's are GBs per run); a grid whose checkpoints are gone cannot be extended",
-    )
-    g = c.add_argument_group(
-        "long grids",
-        "OUT/grid.json records the code revision (git commit, '-dirty-<hash>' for a tree with changes), the CPU "
-        "and the design before any run; continuing a grid at another revision or with another design exits 2. "
-        "Runs checkpoint every steps/10 (newest kept) and resume mid-way; a larger --steps extends a finished "
-        "grid; --train.stop_when 'METRIC OP VALUE' stops a run early (docs/reproduction.md, 'Long grids').",
-    )
-    g.add_argument(
-        "--pin",
-        metavar="REV",
-        default=None,
-        help="run the grid from a detached git worktree of REV (made under $KLGRAD_PIN_DIR, default "
-        "~/.cache/klgrad/pins/COMMIT), re-executing this command there, so edits beside it cannot change it",
-    )
-    g.add_argument(
-        "--allow-dirty",
-        action="store_true",
-        help="run a pinned grid from a dirty tree: with --pin, a pinned worktree with local changes; without, the "
-        "continuation of a grid recorded as pinned (recorded as COMMIT-dirty-HASH)",
-    )
-    g.add_argument(
-        "--only-seeds",
-        default=None,
-        metavar="LIST",
-        help="run only these of the grid's seeds, e.g. 4-7 or 0,2 (seeds of one grid on several machines; "
-        "then --merge); with --merge, merge only these seeds, each whole",
-    )
-    g.add_argument(
-        "--only-methods",
-        default=None,
-        metavar="LIST",
-        help="train only these of --methods (comma-separated; the design stays all of --methods): one seed's "
-        "methods as separate processes, then --merge",
-    )
-    g.add_argument(
-        "--merge",
-        nargs="+",
-        default=None,
-        metavar="DIR",
-        type=Path,
-        help="merge these grid folders (same revision and design, e.g. disjoint --only-seeds) into --out and "
-        "summarise; trains nothing",
-    )
-    g.add_argument(
-        "--amend-seeds",
-        type=int,
-        default=None,
-        metavar="N",
-        help="declare that the grid in --out (with a primary hypothesis) runs N seeds, before any seed past its "
-        "registered count runs; recorded in grid.json with --reason; the primary stays decided on the registered "
-        "seeds. Trains nothing",
-    )
-    g.add_argument("--reason", default="", metavar="TEXT", help="why --amend-seeds changes the seed count")
-    g.add_argument(
-        "--primary",
-        default=None,
-        metavar="CLAIM",
-        help="the grid's pre-registered primary hypothesis, 'A<B[:METRIC]' (mean A below B) or 'A~B[:METRIC]' "
-        "(within --margin); METRIC kl (default) or a final metric. Written to grid.json and summary.json before "
-        "any run and tested alone; the other predictions form a secondary Holm family",
-    )
-    g.add_argument(
-        "--converge-gap",
-        type=float,
-        default=None,
-        metavar="NATS",
-        help="the gap the grid must resolve: convergence needs the standard error of the last quarter's movement "
-        "<= gap/4 (without it that bound is not checked)",
-    )
-    g.add_argument(
-        "--converge-metric",
-        default=None,
-        metavar="KEY",
-        help="logged metric the convergence criterion reads (default kl/k1: the training batch's sequence KL)",
-    )
-    g.add_argument(
-        "--converge-without-lr-decay",
-        action="store_true",
-        help="drop the criterion's 'learning rate decays over the last third' condition (a constant lr)",
-    )
-    g.add_argument(
-        "--final-hook",
-        action="append",
-        default=[],
-        metavar="NAME=MODULE:FUNCTION",
-        help="a downstream evaluation, FUNCTION(cfg, run_dir) -> dict, run on each finished run before its "
-        "weights are deleted; stored in final.json under NAME (repeatable)",
-    )
-    c.set_defaults(func=cmd_compare, takes_overrides=True)
+    """``klgrad compare``: its subcommands (``run``, the default, ``merge``, ``amend``, ``report``, ``measure``,
+    ``mean-length``) with flags generated from their records (:mod:`klgrad.compare.commands`)."""
+    from klgrad.compare.commands import add_compare_parser as add
 
-
-def parse_seed_list(text: str) -> list[int]:
-    """``"4-7"`` → [4, 5, 6, 7]; ``"0,2,5"`` → [0, 2, 5]; ranges and single seeds may mix (``"0-2,5"``)."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"--only-seeds {text!r}: expected seeds like 4-7 or 0,2,5")
-        out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
-    return sorted(set(out))
-
-
-def final_hooks(specs: list[str]) -> dict:
-    """``NAME=MODULE:FUNCTION`` flags → {name: function}; raises ValueError naming a bad one."""
-    from klgrad.import_path import import_object
-
-    hooks = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--final-hook {spec!r}: expected NAME=MODULE:FUNCTION")
-        hooks[name] = import_object(path, "--final-hook")
-    return hooks
-
-
-def compare_argv(argv: list[str]) -> list[str]:
-    """The arguments after the ``compare`` command word."""
-    return argv[argv.index("compare") + 1 :] if "compare" in argv else list(argv)
-
-
-def exec_pinned(args: argparse.Namespace, execve=None) -> int:
-    """``--pin REV``: make (or reuse) the pinned worktree and re-execute this compare command from it
-    (:func:`klgrad.compare.provenance.pinned_command`). Returns 2 with a message when REV cannot be pinned."""
-    import os
-
-    from klgrad.compare import provenance as pv
-
-    try:
-        commit, worktree = pv.pin_worktree(args.pin, pv.package_source(), pv.pin_root(), args.allow_dirty)
-    except (ValueError, OSError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    argv, env = pv.pinned_command(worktree, commit, compare_argv(args.argv), dict(os.environ))
-    print(f"klgrad compare: pinned to {commit} ({worktree})", file=sys.stderr, flush=True)
-    (execve or os.execve)(argv[0], argv, env)
-    return 0  # reached only when execve is replaced (tests)
-
-
-GRID_KEYS = ("kl.head", "kl.beta", "kl.form", "kl.level", "train.seed", "train.out_dir", "train.steps")
-"""Config fields ``klgrad compare`` sets per run; set them with its own flags, not as overrides."""
+    add(sub, cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
-    from klgrad.choices import is_preset_id
-    from klgrad.compare.grid import METHODS, run_compare
-    from klgrad.config import ConfigError, parse_override_args
-    from klgrad.runlock import RunLockedError
+    from klgrad.compare.commands import run_command
 
-    if args.pin:
-        return exec_pinned(args)
-    if (args.merge or args.amend_seeds is not None) and overrides:
-        # they train nothing, so a token here is a mistake, most often a spaced seed list (--only-seeds 46 48)
-        # whose tail would otherwise be dropped without a word
-        print(
-            f"klgrad compare: unrecognized arguments {' '.join(overrides)} (--merge and --amend-seeds take no "
-            "config overrides; a seed list is one argument: --only-seeds 46,48,49 or 4-7)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.merge:
-        return cmd_merge(args)
-    if args.amend_seeds is not None:
-        return cmd_amend(args)
-    methods = tuple(args.methods.split(",")) if args.methods else METHODS
-    bad = [m for m in methods if m not in METHODS and ":" not in m and not is_preset_id(m)]
-    why = None
-    if (
-        bad
-        or args.seeds < 2
-        or args.steps < 1
-        or args.kl_prompts < 1
-        or args.kl_samples < 2
-        or (args.margin is not None and not args.margin > 0)
-        or any(n == 1 or n < 0 for n in (args.optimum_ref_samples, args.forgetting_samples))
-    ):
-        why = (
-            f"unknown methods {bad}; choose from {list(METHODS)}, a head's package.module:name or a framework "
-            "preset id (klgrad audit --framework all)"
-            if bad
-            else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0, "
-            "--optimum-ref-samples and --forgetting-samples 0 or >= 2"
-        )
-    try:
-        extra = parse_override_args(overrides)
-    except ConfigError as e:
-        why = str(e)
-        extra = {}
-    fixed = sorted(set(extra) & set(GRID_KEYS))
-    if fixed:
-        why = f"{fixed} are set by the grid per run (use --betas, --level, --seeds, --steps, --out)"
-    try:
-        only = None if args.only_seeds is None else parse_seed_list(args.only_seeds)
-        hooks = final_hooks(args.final_hook)
-        from klgrad.compare.beta_scale import parse_beta_scale
-
-        parse_beta_scale(args.beta_scale)  # refused before anything runs
-    except ValueError as e:
-        why, only, hooks = why or str(e), None, {}
-    if why:
-        print(f"klgrad compare: {why}", file=sys.stderr)
-        return 2
-    betas = tuple(float(b) for b in args.betas.split(","))
-    convergence = None
-    if args.converge_gap is not None or args.converge_metric or args.converge_without_lr_decay:
-        from klgrad.compare.convergence import ConvergenceCriterion
-
-        convergence = ConvergenceCriterion(
-            metric=args.converge_metric or "kl/k1",
-            gap=args.converge_gap,
-            lr_decay=None if args.converge_without_lr_decay else 1 / 3,
-        )
-    try:
-        summary = run_compare(
-            Path(args.out),
-            config=args.config,
-            seeds=args.seeds,
-            steps=args.steps,
-            betas=betas,
-            level=args.level,
-            methods=methods,
-            exact_prompts=args.kl_prompts,
-            estimate_samples=args.kl_samples,
-            extra_overrides=extra,
-            keep_checkpoints=not args.no_checkpoints,
-            only_seeds=only,
-            only_methods=None if args.only_methods is None else tuple(args.only_methods.split(",")),
-            primary=args.primary,
-            convergence=convergence,
-            final_hooks=hooks,
-            allow_dirty=args.allow_dirty,
-            optimum_ref_samples=args.optimum_ref_samples,
-            forgetting_samples=args.forgetting_samples,
-            beta_scale=args.beta_scale,
-            **({} if args.margin is None else {"margin": args.margin}),
-        )
-    except (ValueError, RunLockedError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    from klgrad.compare.grid import summary_markdown
-
-    _console().print(summary_markdown(summary))
-    print(f"wrote {args.out}/grid.json, comparison.png, frontier.png, summary.json, summary.md, runs/")
-    return 0
-
-
-def cmd_amend(args: argparse.Namespace) -> int:
-    """``klgrad compare --out DIR --amend-seeds N --reason TEXT`` (:func:`klgrad.compare.grid.amend_grid`)."""
-    from klgrad.compare.grid import amend_grid
-    from klgrad.runlock import RunLockedError
-
-    try:
-        record = amend_grid(Path(args.out), args.amend_seeds, args.reason)
-    except (ValueError, RunLockedError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    a = record["amendments"][-1]
-    started = a["seeds_started"]
-    print(f"amended {args.out}/grid.json: seeds {a['seeds_from']} -> {a['seeds_to']} (seeds started: {started})")
-    return 0
-
-
-def cmd_merge(args: argparse.Namespace) -> int:
-    """``klgrad compare --merge DIR ... --out OUT`` (:func:`klgrad.compare.merge.merge_grids`)."""
-    from klgrad.compare.grid import summary_markdown
-    from klgrad.compare.merge import merge_grids
-    from klgrad.runlock import RunLockedError
-
-    try:
-        seeds = None if args.only_seeds is None else parse_seed_list(args.only_seeds)
-        summary = merge_grids(list(args.merge), Path(args.out), seeds)
-    except (ValueError, RunLockedError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    _console().print(summary_markdown(summary))
-    for run in summary["skipped"]:
-        print(f"klgrad compare: left out {run} (not finished)", file=sys.stderr)
-    print(f"wrote {args.out}/grid.json, summary.json, summary.md, runs/ (merged)")
-    return 0
+    return run_command(args, overrides)
 
 
 class TrainHelpFormatter(argparse.HelpFormatter):
@@ -803,68 +471,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_regime_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad regime``: which regime a config's prompts are in (:mod:`klgrad.compare.regime`)."""
-    r = sub.add_parser(
-        "regime",
-        help="predict from the reference's own samples whether k2 or k3 holds the policy closer (sharpen/discover)",
-        description="Sample the config's reference K times on its first training (or --split heldout) "
-        "prompts, group each prompt's samples by reward value and compute exactly the sequence-level fixed "
-        "points of the reverse-KL heads (k1_in_reward, k2_as_loss: pi* ~ pi_ref e^(R/beta)) and of k3 (the "
-        "forward-KL optimum), their KL to the reference per prompt and over the set with bootstrap intervals. "
-        "Writes regime.json and regime.png. Config fields are dotted flags (--model.path M --data.task file "
-        "--data.path D).",
-    )
-    r.add_argument("--config", default=None, help="YAML config (e.g. configs/smollm2_sharpen.yaml); defaults otherwise")
-    r.add_argument("--out", default="runs/regime", help="output folder (default runs/regime)")
-    r.add_argument("--beta", type=float, default=None, help="KL weight of the fixed points (default: kl.beta)")
-    r.add_argument("--samples", type=int, default=32, help="K: reference samples per prompt (default 32)")
-    r.add_argument("--prompts", type=int, default=64, help="prompts sampled, the split's first (default 64)")
-    r.add_argument(
-        "--split",
-        choices=("train", "heldout"),
-        default="train",
-        help="the training prompts (default) or the held-out ones klgrad compare measures its final KL on",
-    )
-    r.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
-    r.set_defaults(func=cmd_regime, takes_overrides=True)
+    """``klgrad regime``: which regime a config's prompts are in (:mod:`klgrad.compare.commands`)."""
+    from klgrad.compare.commands import add_regime_parser as add
+
+    add(sub, cmd_regime)
 
 
 def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
-    from klgrad.compare.regime import run_regime
-    from klgrad.config import load_config, parse_override_args
-    from klgrad.runlock import RunLockedError, run_lock
+    from klgrad.compare.commands import cmd_regime as run
 
-    try:
-        cfg = load_config(args.config, parse_override_args(overrides))
-        out = Path(args.out)
-        with run_lock(out):
-            result = run_regime(
-                cfg, out, beta=args.beta, samples=args.samples, prompts=args.prompts, seed=args.seed, split=args.split
-            )
-    except (ValueError, OSError, RunLockedError) as e:
-        print(f"klgrad regime: {e}", file=sys.stderr)
-        return 2
-    kl, fkl, ci = result["predicted_kl"], result["predicted_forward_kl"], result["interval_95"]
-    print(
-        f"{result['n_prompts']} prompts x {result['samples_per_prompt']} samples: reference success rate "
-        f"{result['success_rate']:.3f} ({result['prompts_never_rewarded']} prompts never rewarded)\n"
-        f"predicted KL to the reference at beta={result['beta']:g}: k1_in_reward/k2_as_loss {kl['reverse']:.4f} "
-        f"[{ci['reverse'][0]:.4f}, {ci['reverse'][1]:.4f}], k3 {kl['forward']:.4f} "
-        f"[{ci['forward'][0]:.4f}, {ci['forward'][1]:.4f}]\n"
-        f"forward KL(ref||fixed point): k1_in_reward/k2_as_loss {fkl['reverse']:.4f} "
-        f"[{ci['forward_kl_reverse'][0]:.4f}, {ci['forward_kl_reverse'][1]:.4f}], k3 {fkl['forward']:.4f} "
-        f"[{ci['forward_kl_forward'][0]:.4f}, {ci['forward_kl_forward'][1]:.4f}]\n"
-        f"closer to the reference: {result['closer']}"
-    )
-    top = result.get("most_influential")
-    if top is not None:
-        print(
-            f"most influential prompt: {top['id'] or top['index']} (success rate {top['success_rate']:.3g}), "
-            f"forward - reverse {top['forward_minus_reverse']:+.4f}; the set's mean "
-            f"{top['mean_forward_minus_reverse']:+.4f}, without it {top['mean_without']:+.4f}"
-        )
-    print(f"wrote {out}/regime.json, regime.png")
-    return 0
+    return run(args, overrides)
 
 
 REPRODUCE_TARGETS: tuple[str, ...] = tuple(TARGETS)
@@ -976,9 +592,12 @@ def _quiet_transformers() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from klgrad.compare.commands import compare_words
+
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (compare --pin re-executes it)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(compare_words(given))  # `klgrad compare --out D` is `compare run --out D`
+    args.argv = given  # as given (compare --pin re-executes it)
     if args.command in ("train", "sft", "compare", "reproduce", "eval", "export", "regime"):
         _quiet_transformers()
     if getattr(args, "takes_overrides", False):
