@@ -166,3 +166,7 @@ def settle_scale(scale: BetaScale | None, recorded: dict | None, cfg: Config) ->
         samples=scale.samples,
         seed=scale.seed,
     )
+
+
+if __name__ == "__main__":  # the module's former command line: a pointer, not a silent no-op
+    raise SystemExit("python -m klgrad.compare.beta_scale --config C is now: klgrad compare mean-length --config C")
