@@ -244,6 +244,8 @@ def parse_record(cls: type, args: argparse.Namespace, prefix: str = "", **fixed:
             continue
         if meta.get("repeat"):
             value = tuple(v for v in value or () if v is not None)  # a legacy flag's off value is None
+        elif isinstance(value, list):  # a positional's nargs="+"
+            value = tuple(value)
         values[f.name] = value
     return cls(**values)
 
