@@ -8,8 +8,9 @@ on a real model (the converged SmolLM2 sharpening grid, experiments/smollm2_shar
 --split heldout`` on the grid's config and β: the reference sampled K times on the same held-out prompts the grid's
 final KL is measured on (``--kl-prompts``, in the same order; the downstream evaluation's are matched by prompt
 text, the regime's example ids resolved through the run's task). Reads each finished run's ``final.json``
-(``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval`` of the final policy and its per-problem
-completions) and writes into ``--out`` (default: GRID_DIR):
+(``stepwise_kl_per_prompt``; the ``downstream`` measurement's ``klgrad eval`` of the final policy and its
+per-problem completions, in final.json or, measured afterwards, ``downstream.json``) and writes into ``--out``
+(default: GRID_DIR):
 
 - ``runs.md``: one row per finished run, as its ``final.json`` has it: the primary metric (``batch_kl_k1``, the
   training batches' sequence k1 over the last 10 steps), the held-out stepwise KL(π‖π_ref) ± its SE, the
@@ -35,8 +36,8 @@ completions) and writes into ``--out`` (default: GRID_DIR):
 - ``downstream.md`` / ``downstream.json``: per method, mean ± 95% t interval over seeds of greedy accuracy,
   pass@1 and pass@8 on the held-out prompts and on the harder variant, and each paired difference between two
   methods (per-seed differences, t interval, paired t-test p and exact sign-flip p);
-- ``forgetting.md`` / ``forgetting.json`` (when ``grid_forgetting.py`` has measured runs): the same for
-  KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts;
+- ``forgetting.md`` / ``forgetting.json`` (when ``klgrad compare measure`` has measured runs' forgetting): the
+  same for KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts;
 - ``noise.md`` / ``noise.json`` (when the grid's summary has a convergence record with a gap): how much of each
   convergence test's per-seed movement sampling alone explains, and the seeds a stepwise-KL metric would need
   (:func:`window_noise`; exploratory, not the stated criterion).
@@ -83,15 +84,19 @@ def log_z_var(masses: list[tuple[float, float]], beta: float, k: int) -> float:
 
 
 def runs(grid: Path) -> list[dict]:
-    """Every finished run: method, seed and final.json."""
+    """Every finished run: method, seed and final.json, with its ``downstream`` from ``downstream.json`` when the
+    run was measured afterwards (``klgrad compare measure GRID downstream``) rather than by the hook before its
+    final.json was written."""
     out = []
     for d in sorted((grid / "runs").glob("*")):
         f = d / "final.json"
         if f.is_file():
             method, _, seed = d.name.partition("-beta")
-            out.append(
-                {"method": method, "seed": int(seed.rsplit("seed", 1)[1]), "dir": d, "final": json.loads(f.read_text())}
-            )
+            final = json.loads(f.read_text())
+            later = d / "downstream.json"
+            if "downstream" not in final and later.is_file():
+                final["downstream"] = json.loads(later.read_text())["downstream"]
+            out.append({"method": method, "seed": int(seed.rsplit("seed", 1)[1]), "dir": d, "final": final})
     return out
 
 
@@ -320,13 +325,15 @@ def downstream(rs: list[dict], out: Path) -> dict:
 
 def forgetting(rs: list[dict], out: Path) -> dict:
     """The forgetting table (module docstring): both KLs on the general chat prompts, from the runs'
-    ``forgetting.json`` (``experiments/smollm2_sharpen_converged/grid_forgetting.py``); empty when no run has one."""
+    ``forgetting.json`` (``klgrad compare measure GRID forgetting:samples=4``, its KLs under ``forgetting``; the
+    files of the script that did this before hold them at the top level); empty when no run has one."""
     cols = {"reverse_kl": "chat KL(π‖π_ref)", "forward_kl": "chat KL(π_ref‖π)"}
     by: dict = {}
     for r in rs:
         f = r["dir"] / "forgetting.json"
         if f.is_file():
             rec = json.loads(f.read_text())
+            rec = rec.get("forgetting", rec)
             for key, col in cols.items():
                 by.setdefault(r["method"], {}).setdefault(col, {})[r["seed"]] = rec[key]
     if not by:
