@@ -43,7 +43,8 @@ def test_console_script_and_module_run_cli_main():
 def test_every_subcommand_runs_its_own_handler():
     commands = _subparsers()
     assert list(commands) == [
-        "audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "convert-benchmarks", "completion"
+        "audit", "compare", "train", "sft", "eval", "forgetting", "export", "regime", "reproduce", "convert-benchmarks",
+        "completion",
     ]
     for name, parser in commands.items():
         assert parser.get_default("func") is getattr(cli, f"cmd_{name.replace('-', '_')}"), name

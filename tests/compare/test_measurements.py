@@ -1,8 +1,7 @@
 """The named final measurements (klgrad.compare.measurements): one registry for the built-ins and a user's, their
 options parsed and checked before any run, the core set and its final.json order by answer length, and
 measurements taken afterwards on a grid's finished runs into ``runs/RUN/NAME.json`` (forgetting there is what
-``python -m klgrad.eval.forgetting`` measures on the same run, which the study script that did this before
-called)."""
+``klgrad forgetting`` measures on the same run, the command the study script that did this before called)."""
 
 from __future__ import annotations
 
@@ -114,14 +113,13 @@ def _grid(tmp_path: Path, seeds: int = 2) -> tuple[Path, GridRecord]:
 
 @pytest.mark.slow
 def test_forgetting_measured_afterwards_is_what_the_forgetting_command_measures_on_that_run(tmp_path, capsys):
-    from klgrad.eval.forgetting import main as forgetting_main
 
     out, record = _grid(tmp_path, seeds=1)
     run = out / "runs" / "k2_as_loss-beta0.5-seed0"
     done = measure_after(out, record, [parse_measurement("forgetting:samples=2")], device="cpu", progress=False)
     assert done.measured == [run.name]
     saved = json.loads((run / "forgetting.json").read_text())
-    assert forgetting_main(["--policy", str(run), "--samples", "2", "--device", "cpu", "--threads", "1"]) == 0
+    assert main(["forgetting", "--policy", str(run), "--samples", "2", "--device", "cpu", "--threads", "1"]) == 0
     script = json.loads(capsys.readouterr().out)
     for key in ("reverse_kl", "reverse_kl_se", "forward_kl", "forward_kl_se", "n_prompts", "samples", "temperature"):
         assert saved["forgetting"][key] == script[key], key  # the same models, seeds and threads: the same floats
