@@ -1,8 +1,9 @@
 """gpu_grid_seeds.sh, the sharpening grid's seeds on a CUDA machine: its design is the committed grid's (so
 the seeds it brings back merge), and its queue runs every (seed, method) once, each into its own folder that starts
 as a copy of the grid's grid.json, at most PARALLEL at a time with THREADS CPU threads each, each run followed by
-its final measurements afterwards (downstream; forgetting for a registered seed), within the budget. The queue runs here with a stand-in ``python3`` that
-records its arguments (the real processes need CUDA and SmolLM2's weights)."""
+its final measurements afterwards (downstream; forgetting for a registered seed), within the budget. The queue
+runs here with a stand-in ``python3`` that records its arguments (the real processes need CUDA and SmolLM2's
+weights)."""
 
 from __future__ import annotations
 
