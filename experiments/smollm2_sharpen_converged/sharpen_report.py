@@ -54,6 +54,7 @@ import numpy as np
 
 from klgrad.compare.convergence import cut_before_decay, metric_series, seeds_for_sd, window_deltas, window_spans
 from klgrad.compare.design import read_grid, registered_seeds
+from klgrad.compare.render import markdown_table
 from klgrad.compare.stats import mean_ci, paired_by_seed, paired_t_p
 from klgrad.plotting import pyplot, save
 from klgrad.trainer import read_jsonl
@@ -285,25 +286,24 @@ def paired_tables(by: dict[str, dict[str, dict[int, float]]], cols: list[str]) -
         for i, a in enumerate(methods)
         for b in methods[i + 1 :]
     }
-    lines = ["| method | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
-    for m in methods:
-        lines.append(f"| {m} | {table[m][cols[0]]['seeds']} | " + " | ".join(cell(table[m][c]) for c in cols) + " |")
+    rows = [(m, table[m][cols[0]]["seeds"], *(cell(table[m][c]) for c in cols)) for m in methods]
+    lines = markdown_table(("method", "seeds", *cols), rows)
     lines += [
         "",
         "Paired differences (per-seed, mean [95% t interval], paired t-test p and exact sign-flip p, "
         "two-sided, unadjusted):",
         "",
     ]
-    lines += ["| difference | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, by_col in pairs.items():
-        cells = [
-            "–"
-            if t is None
-            else f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] "
-            f"t p={t['t_p']:.3f}, sign-flip p={t['sign_flip_p']:.3f}"
-            for t in (by_col[c] for c in cols)
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    def paired(t: dict | None) -> str:
+        if t is None:
+            return "–"
+        return (f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] t p={t['t_p']:.3f}, "
+                f"sign-flip p={t['sign_flip_p']:.3f}")  # fmt: skip
+
+    lines += markdown_table(
+        ("difference", *cols), [(name, *(paired(by[c]) for c in cols)) for name, by in pairs.items()]
+    )
     return table, pairs, lines
 
 
@@ -510,19 +510,16 @@ def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
 
 def per_run(rs: list[dict], out: Path) -> list[str]:
     """``runs.md`` (module docstring): every finished run's final numbers, by method then seed."""
-    lines = [
-        "| method | seed | batch KL k1 (last 10 steps) | held-out KL(π‖π_ref) | held-out KL(π_ref‖π) | greedy acc. "
-        "| steps | machine |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    header = ("method", "seed", "batch KL k1 (last 10 steps)", "held-out KL(π‖π_ref)", "held-out KL(π_ref‖π)",
+              "greedy acc.", "steps", "machine")  # fmt: skip
+    rows = []
     for r in sorted(rs, key=lambda r: (r["method"], r["seed"])):
         f = r["final"]
         fwd = f"{f['forward_kl']:.3f} ± {f['forward_kl_se']:.3f}" if "forward_kl" in f else "–"
-        lines.append(
-            f"| {r['method']} | {r['seed']} | {f['batch_kl_k1']:.3f} | {f['stepwise_kl']:.3f} ± "
-            f"{f['stepwise_kl_se']:.3f} | {fwd} | {f['greedy_accuracy']:.3f} | {f['steps']} "
-            f"| {f.get('final_on', '?')} |"
-        )
+        rows.append((r["method"], r["seed"], f"{f['batch_kl_k1']:.3f}", f"{f['stepwise_kl']:.3f} ± "
+                     f"{f['stepwise_kl_se']:.3f}", fwd, f"{f['greedy_accuracy']:.3f}", f["steps"],
+                     f.get("final_on", "?")))  # fmt: skip
+    lines = markdown_table(header, rows)
     (out / "runs.md").write_text("\n".join(lines) + "\n")
     return lines
 
