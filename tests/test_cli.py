@@ -68,3 +68,18 @@ def test_bad_arguments_exit_2_before_any_work(argv, capsys):
         cli.main(argv)
     assert info.value.code == 2
     assert "usage: klgrad" in capsys.readouterr().err
+
+
+def test_building_the_parser_loads_no_model_library():
+    """``klgrad --help`` and completion build every command's parser, compare's from its typed records
+    (klgrad.compare.options) and forgetting's from klgrad.eval.forgetting: none of that may load torch or numpy.
+    A fresh interpreter, so that no other test's imports count."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, klgrad.cli; klgrad.cli.build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'numpy', 'scipy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

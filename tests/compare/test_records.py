@@ -93,3 +93,19 @@ def test_a_registration_loads_as_one():
     reg = Registration("2026-01-01", "abc", None, {"criterion": "c", "met": None, "steps": 2, "parameters": {}})
     assert list(reg.to_json()) == ["status", "registered_at", "revision", "primary", "convergence", "runs"]
     assert Registration.from_json(reg.to_json()) == reg
+
+
+def test_the_keys_of_the_exact_sign_flip_bracket_and_the_90_percent_tost_keep_their_place():
+    """Records written by the statistics that give the sign-flip p an exact bracket and decide a TOST on its 90%
+    interval (p_sign_flip_bracket, sign_flip_method, ci_tost, ci_tost_level, adjustment) load and are written back
+    in their order."""
+    record = {
+        "claim": "k1 ≈ none", "metric": "exact_kl", "a": "k1", "b": "none", "kind": "equivalent",
+        "test": "paired TOST", "margin": 0.1, "n_pairs": 3, "differences": [0.1, 0.0, -0.1], "mean_difference": 0.0,
+        "ci95": [-0.2, 0.2], "ci_tost": [-0.1, 0.1], "ci_tost_level": 0.9, "p_value": 0.2, "p_difference": 1.0,
+        "p_sign_flip": 1.0, "p_sign_flip_bracket": [1.0, 1.0], "sign_flip_method": "enumerated", "n_negative": 1,
+        "welch": {"test": "Welch TOST", "p_value": 0.3, "verdict": "not resolved", "adjusted": False},
+        "p_adjusted": 0.2, "p_difference_adjusted": 1.0, "adjustment": "Holm step-down", "alpha": 0.05,
+        "verdict": "not resolved", "family": "secondary",
+    }  # fmt: skip
+    assert json.dumps(TestResult.from_json(record).to_json()) == json.dumps(record)

@@ -131,7 +131,9 @@ PRIMARY_ORDER = ("a", "b", "kind", "metric", "text", "claim", "family")
 class TestResult:
     """One decided claim (:func:`klgrad.compare.stats.decide` of a paired test): a secondary prediction, or the
     primary hypothesis, whose JSON starts with its statement (:data:`PRIMARY_ORDER`) and which, untested, holds
-    only its statement and a verdict saying why."""
+    only its statement and a verdict saying why. ``ci_tost``, ``ci_tost_level``, ``p_sign_flip_bracket``,
+    ``sign_flip_method`` and ``adjustment`` are the keys of the exact sign-flip bracket and the 90% TOST of the
+    statistics being written beside this (None, absent, in every record so far)."""
 
     __test__ = False  # not a pytest test class
 
@@ -147,15 +149,20 @@ class TestResult:
     differences: tuple[float, ...] | None = omit()
     mean_difference: float | None = omit()
     ci95: tuple[float, float] | None = omit()
+    ci_tost: tuple[float, float] | None = omit()
+    ci_tost_level: float | None = omit()
     p_value: float | None = omit()
     p_less: float | None = omit()
     p_greater: float | None = omit()
     p_difference: float | None = omit()
     p_sign_flip: float | None = omit()
+    p_sign_flip_bracket: tuple[float, float] | None = omit()
+    sign_flip_method: str | None = omit()
     n_negative: int | None = omit()
     welch: Welch | None = omit()
     p_adjusted: float | None = omit()
     p_difference_adjusted: float | None = omit()
+    adjustment: str | None = omit()
     alpha: float | None = omit()
     text: str | None = omit()
     family: str | None = omit()
@@ -176,7 +183,7 @@ class TestResult:
         values = dict(data)
         if values.get("welch") is not None:
             values["welch"] = Welch(**values["welch"])
-        for key in ("differences", "ci95"):
+        for key in ("differences", "ci95", "ci_tost", "p_sign_flip_bracket"):
             if values.get(key) is not None:
                 values[key] = tuple(values[key])
         return cls(**values)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from klgrad.exact.estimators import CHAT_PROMPTS, FORGETTING_MAX_NEW_TOKENS, chat_prompts, forgetting_kl
 from klgrad.flags import option
 from klgrad.threads import thread_setting
 
@@ -27,9 +26,9 @@ class ForgettingOptions:
 
     policy: str = option(help="the trained policy: a klgrad run directory or HF model folder", metavar="X")
     reference: str | None = option(None, "its reference (default: a run's starting model)", metavar="Y")
-    prompts: Path = option(CHAT_PROMPTS, "JSONL of {'prompt': ...} rows")
+    prompts: Path | None = option(None, "JSONL of {'prompt': ...} rows (default: the shipped general chat prompts)")
     samples: int = option(8, "samples per prompt and direction")
-    max_new_tokens: int = option(FORGETTING_MAX_NEW_TOKENS, "response cap of both directions")
+    max_new_tokens: int | None = option(None, "response cap of both directions (default 64, as a grid's)")
     temperature: float | None = option(None, "default: a run's rollout.temperature, else 1")
     device: Literal["auto", "cpu", "cuda"] = option("auto", "where the models load")
     seed: int = option(0, "sampling seed")
@@ -43,6 +42,7 @@ def measure_forgetting(options: ForgettingOptions) -> dict:
     ``rollout.temperature`` (else 1). Raises ValueError when the policy is not a run and no reference is given."""
     from klgrad.eval.models import load_eval_model, locate_model, run_config
     from klgrad.eval.run import resolve_eval_device
+    from klgrad.exact.estimators import CHAT_PROMPTS, FORGETTING_MAX_NEW_TOKENS, chat_prompts, forgetting_kl
     from klgrad.trainer.loop import cpu_threads
 
     device = resolve_eval_device(options.device, "klgrad")
@@ -60,9 +60,9 @@ def measure_forgetting(options: ForgettingOptions) -> dict:
             policy.model.eval(),
             ref.model.eval(),
             policy.tokenizer,
-            chat_prompts(options.prompts),
+            chat_prompts(options.prompts or CHAT_PROMPTS),
             options.samples,
-            options.max_new_tokens,
+            options.max_new_tokens or FORGETTING_MAX_NEW_TOKENS,
             temperature,
             seed=options.seed,
         )
