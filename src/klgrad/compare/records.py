@@ -240,27 +240,9 @@ class Summary:
     effective_betas: Mapping[str, float] | None = omit()
     runs: tuple[RunRow, ...] = ()
 
-    ORDER = (
-        "primary",
-        "level",
-        "steps",
-        "seeds",
-        "betas",
-        "kl_metric",
-        "temperature",
-        "table",
-        "predictions",
-        "amendments",
-        "registered_seeds",
-        "primary_all_seeds",
-        "convergence",
-        "revision",
-        "registered_at",
-        "machines",
-        "beta_scale",
-        "effective_betas",
-        "runs",
-    )
+    ORDER = ("primary", "level", "steps", "seeds", "betas", "kl_metric", "temperature", "table",
+             "predictions", "amendments", "registered_seeds", "primary_all_seeds", "convergence",
+             "revision", "registered_at", "machines", "beta_scale", "effective_betas", "runs")  # fmt: skip
 
     def to_json(self) -> dict:
         return _fields_json(self, self.ORDER)
@@ -382,31 +364,10 @@ class GridRecord:
         """Every (method, β, seed) of the design, in the grid's order."""
         return [(m, b, s) for b in self.betas for m in self.methods for s in range(self.seeds)]
 
-    ORDER = (
-        "revision",
-        "pinned",
-        "created",
-        "config",
-        "resolved_config",
-        "methods",
-        "seeds",
-        "betas",
-        "level",
-        "steps",
-        "cadence_steps",
-        "overrides",
-        "margin",
-        "exact_prompts",
-        "estimate_samples",
-        "primary",
-        "convergence",
-        "beta_scale",
-        "machine",
-        "amendments",
-        "sessions",
-        "merged_from",
-        "effective_betas",
-    )
+    ORDER = ("revision", "pinned", "created", "config", "resolved_config", "methods", "seeds", "betas",
+             "level", "steps", "cadence_steps", "overrides", "margin", "exact_prompts", "estimate_samples",
+             "primary", "convergence", "beta_scale", "machine", "amendments", "sessions", "merged_from",
+             "effective_betas")  # fmt: skip
 
     def to_json(self) -> dict:
         return _fields_json(self, self.ORDER)
