@@ -12,7 +12,7 @@ import klgrad
 SRC = Path(klgrad.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("choices", "machine", "version", "fmt", "plotting", "runlock", "stopping", "threads"),
+    ("choices", "machine", "version", "fmt", "flags", "plotting", "runlock", "stopping", "threads"),
     ("import_path", "config", "schedule", "advantages"),
     ("kl", "data", "models", "distributed"),
     ("rewards", "logprobs", "rollout", "exact", "objective"),

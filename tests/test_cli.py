@@ -29,6 +29,10 @@ def _choices(parser: argparse.ArgumentParser, dest: str) -> tuple:
     return next(a for a in parser._actions if a.dest == dest).choices
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
 def test_console_script_and_module_run_cli_main():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
     module, _, name = scripts["klgrad"].partition(":")
@@ -39,7 +43,8 @@ def test_console_script_and_module_run_cli_main():
 def test_every_subcommand_runs_its_own_handler():
     commands = _subparsers()
     assert list(commands) == [
-        "audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "convert-benchmarks", "completion"
+        "audit", "compare", "train", "sft", "eval", "forgetting", "export", "regime", "reproduce", "convert-benchmarks",
+        "completion",
     ]
     for name, parser in commands.items():
         assert parser.get_default("func") is getattr(cli, f"cmd_{name.replace('-', '_')}"), name
@@ -48,7 +53,7 @@ def test_every_subcommand_runs_its_own_handler():
 
 def test_flag_choices_are_what_the_code_implements():
     commands = _subparsers()
-    assert sorted(_choices(commands["compare"], "level")) == sorted(LEVELS)
+    assert sorted(_choices(_subcommands(commands["compare"])["run"], "design.level")) == sorted(LEVELS)
     assert tuple(_choices(commands["sft"], "task")) == tuple(n for n, spec in TASKS.items() if not spec.chat)
     assert tuple(_choices(commands["reproduce"], "name")) == cli.REPRODUCE_TARGETS
     assert tuple(_choices(commands["completion"], "shell")) == SHELLS
@@ -63,3 +68,18 @@ def test_bad_arguments_exit_2_before_any_work(argv, capsys):
         cli.main(argv)
     assert info.value.code == 2
     assert "usage: klgrad" in capsys.readouterr().err
+
+
+def test_building_the_parser_loads_no_model_library():
+    """``klgrad --help`` and completion build every command's parser, compare's from its typed records
+    (klgrad.compare.options) and forgetting's from klgrad.eval.forgetting: none of that may load torch or numpy.
+    A fresh interpreter, so that no other test's imports count."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, klgrad.cli; klgrad.cli.build_parser(); "
+        "print(sorted(m for m in ('torch', 'transformers', 'numpy', 'scipy') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

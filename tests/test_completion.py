@@ -66,7 +66,8 @@ def test_bash_script_is_valid_syntax(bash_script, tmp_path):
 def test_bash_completes_subcommands(bash_script):
     got = _bash_complete(bash_script, ["klgrad", ""])
     assert "train" in got
-    commands = {"audit", "compare", "train", "sft", "eval", "export", "regime", "reproduce", "convert-benchmarks"}
+    commands = {"audit", "compare", "train", "sft", "eval", "forgetting", "export", "regime", "reproduce",
+                "convert-benchmarks"}  # fmt: skip
     assert set(got) == {*commands, "completion"}
     assert _bash_complete(bash_script, ["klgrad", "tr"]) == ["train"]
 
@@ -105,6 +106,7 @@ def test_spec_reads_the_parser():
         "train",
         "sft",
         "eval",
+        "forgetting",
         "export",
         "regime",
         "reproduce",

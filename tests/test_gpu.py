@@ -219,10 +219,10 @@ def test_sampler_logprobs_equal_a_transformers_forward_on_cuda(which, dtype, att
 
 def test_compare_final_numbers_of_a_gpu_run_are_measured_on_cuda(tmp_path, monkeypatch):
     """A run whose answers are too long to enumerate (12 tokens) gets its final stepwise KLs on the GPU it trained
-    on: the models final_kl loads are on cuda, and with the reference reset to the policy after the last step
-    (kl.reset_ref_every = 2) every KL is exactly 0 in both directions, as on the CPU
+    on: the models its final measurements load are on cuda, and with the reference reset to the policy after the
+    last step (kl.reset_ref_every = 2) every KL is exactly 0 in both directions, as on the CPU
     (tests/compare/test_grid.py)."""
-    from klgrad.compare import grid
+    from klgrad.compare.measurements import measure_run
     from klgrad.config import load_config
 
     over = {
@@ -249,8 +249,8 @@ def test_compare_final_numbers_of_a_gpu_run_are_measured_on_cuda(tmp_path, monke
         loaded.append(kwargs.get("device", "cpu"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(klgrad.models, "load_model_and_tokenizer", spy)  # final_kl imports it at call time
-    out = grid.final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4)
+    monkeypatch.setattr(klgrad.models, "load_model_and_tokenizer", spy)  # the context imports it at call time
+    out = measure_run(cfg, tmp_path / "run", 2, 4)
     assert loaded
     assert all(torch.device(d).type == CUDA for d in loaded)
     assert (out["stepwise_kl"], out["stepwise_kl_se"], out["forward_kl"], out["forward_kl_se"]) == (0.0, 0.0, 0.0, 0.0)

@@ -23,7 +23,8 @@
 # completes together and a stopped grid is resumed by running the script again (finished runs are skipped,
 # interrupted ones resume). Sequential seeds share OUT (L̄ is measured by the first invocation and reused);
 # PARALLEL=N runs N seeds at once (a CUDA machine), each into OUT/seedS with L̄ measured once beforehand and given
-# (--beta-scale length=L), then merges them into OUT (klgrad compare --merge). With SPLIT=methods each (seed,
+# (--beta-scale length=L, L from `klgrad compare mean-length`), then merges them into OUT (`klgrad compare merge`,
+# by this tree's klgrad). With SPLIT=methods each (seed,
 # method) is its own process instead (--only-methods, into OUT/seedS-mI), queued seed by seed, so N processes keep a
 # machine busy with fewer seeds and a stopped queue leaves whole seeds behind it.
 #
@@ -32,6 +33,8 @@
 # e.g. 0.5,0.1, doubles the cost and adds a frontier], LR [3e-6], KL_PROMPTS [22], KL_SAMPLES [16],
 # PARALLEL [1], SPLIT [seeds; or methods], LBAR [measured; give the L̄ a grid recorded to continue it on another
 # machine: a seed's β' must be the grid's], PYTHON [python3], EXTRA [more klgrad compare flags, word-split].
+# The pinned command is re-executed by the pinned revision with its arguments as given, so its flags are the
+# spellings that revision knows (--kl-prompts, --converge-gap; this klgrad accepts them too).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
@@ -74,7 +77,7 @@ if [ "$PARALLEL" -le 1 ]; then
 fi
 
 # seeds at once, each into its own folder, one L̄ given to all of them (recorded as given)
-LBAR=${LBAR:-$(PYTHONPATH=${PYTHONPATH:-src} "$PYTHON" -m klgrad.compare.beta_scale --config "$CONFIG" "${SHARED[@]}")}
+LBAR=${LBAR:-$(PYTHONPATH=${PYTHONPATH:-src} "$PYTHON" -m klgrad compare mean-length --config "$CONFIG" "${SHARED[@]}")}
 echo "L̄ = $LBAR tokens (the reference's mean response length)"
 pids=()
 dirs=()
@@ -96,5 +99,5 @@ for s in $RUN_SEEDS; do
 done
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-"$PYTHON" -m klgrad compare --merge "${dirs[@]}" --out "$OUT"
+"$PYTHON" -m klgrad compare merge "${dirs[@]}" --out "$OUT"
 exit $status

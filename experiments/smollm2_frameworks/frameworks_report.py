@@ -22,6 +22,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from klgrad.compare.render import markdown_table
 from klgrad.compare.stats import mean_ci, paired_by_seed
 from klgrad.plotting import pyplot, save
 
@@ -85,12 +86,9 @@ def report(grid: Path, out: Path) -> dict:
         f"{n} seeds; mean [95% t interval] over seeds; KLs at τ = {tau} on the held-out prompts. β' is the `kl.beta` "
         "each method trained at for the same nominal strength.",
         "",
-        "| method | role | β' | "
-        + " | ".join(t for _, t in COLUMNS)
-        + "".join(f" | {t} − {BASELINE} (paired)" for _, _, t in PAIRED)
-        + " |",
-        "|---" * (len(COLUMNS) + 3 + len(PAIRED)) + "|",
     ]
+    header = ("method", "role", "β'", *(t for _, t in COLUMNS), *(f"{t} − {BASELINE} (paired)" for _, _, t in PAIRED))
+    table = []
     for m, r in rows.items():
         cells = [f"{r[k]['mean']:.3f} [{r[k]['ci'][0]:.3f}, {r[k]['ci'][1]:.3f}]" for k, _ in COLUMNS]
         for _, name, _ in PAIRED:
@@ -102,7 +100,8 @@ def report(grid: Path, out: Path) -> dict:
                 f"sign-flip p {v['sign_flip_p']:.3g}"
             )
         beta = "—" if r["effective_beta"] is None else f"{r['effective_beta']:.4g}"
-        lines.append(f"| `{m}` | {r['role']} | {beta} | " + " | ".join(cells) + " |")
+        table.append((f"`{m}`", r["role"], beta, *cells))
+    lines += markdown_table(header, table)
     out.mkdir(parents=True, exist_ok=True)
     (out / "headtohead.md").write_text("\n".join(lines) + "\n")
     (out / "headtohead.json").write_text(json.dumps(rows, indent=1))

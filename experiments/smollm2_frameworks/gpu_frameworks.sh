@@ -12,7 +12,7 @@
 # once, queued seed by seed (SPLIT=methods). At BUDGET seconds every process still running is stopped; only
 # finished runs (final.json) count, and the queue order leaves whole seeds behind it.
 # Writes OUT/grid.tgz (every process's grid folder and log, without checkpoints or figures), OUT/gpu_check.tgz and
-# OUT/logs.tgz; the folders are merged afterwards with `klgrad compare --merge` (they are merged on the machine
+# OUT/logs.tgz; the folders are merged afterwards with `klgrad compare merge` (they are merged on the machine
 # too when every process finished). Set-up before BUDGET starts (wheels, the GGUF: ~45 s) and the archives after it
 # (~20 s) count against the call's own limit: on 2026-11-27 a BUDGET of 535 s in a 595 s call lost logs.tgz.
 # A second call on the still-warm machine continues the queue where the first stopped it (finished runs are skipped,

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from klgrad.audit.framework_head import PRESETS_BY_ID
 from klgrad.compare.claims import parse_claim
-from klgrad.compare.grid import METHODS, check_claim
+from klgrad.compare.design import METHODS
+from klgrad.compare.hypotheses import check_claim
 
 SCRIPT = Path(__file__).resolve().parent / "frameworks_grid.sh"
 _spec = importlib.util.spec_from_file_location("smollm2_frameworks_protocol", SCRIPT.parent / "protocol.py")

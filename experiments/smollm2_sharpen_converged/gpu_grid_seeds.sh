@@ -11,20 +11,24 @@
 #
 # One process per (seed, method), k3_as_loss and k2_as_loss (and none for NONE_SEEDS), each into its own folder
 # WORK/g/seedS-METHOD that starts as a copy of the grid's grid.json (GRID_JSON, default the committed one): the
-# primary hypothesis and the convergence criterion are then the record's, and `klgrad compare --merge` takes a
+# primary hypothesis and the convergence criterion are then the record's, and `klgrad compare merge` takes a
 # seed whole from its two folders. PARALLEL processes at once (default 4), THREADS CPU threads each (default the
 # cores shared among them): the pinned revision trains on the GPU but measures the final metrics on the CPU
 # (~18 min a run on one thread of the 2-core AMD EPYC, from the files' times), so the CPU sets the pace, and
 # tools/gpu_check.sh runs beside at the lowest CPU priority (nice 19; its step times are then not timings).
 # The grid was amended from 16 registered seeds to 56 (its grid.json's "amendments"): the design flag is --seeds 56.
-# A registered seed's forgetting (both KLs on the shipped chat prompts, experiments/smollm2_sharpen_converged/grid_forgetting.py, on the GPU) is
-# measured right after its run, while the weights are there; the added seeds (16 and up) skip it. At BUDGET
-# seconds every process still running is stopped; only finished runs (final.json) count.
+# Right after each run, while its weights are there, `klgrad compare measure` (this tree's klgrad, not the pinned
+# one) takes its downstream evaluation (`klgrad eval` of the pinned revision, as the grid's other runs had it from
+# the hook inside the pinned process) and, for a registered seed, its forgetting (both KLs on the shipped chat
+# prompts, on the GPU); the added seeds (16 and up) skip forgetting. Each goes into runs/RUN/NAME.json beside
+# final.json. The pinned command is re-executed by c798603 with its arguments as given, so its flags are the
+# spellings that revision knows (--kl-prompts, --converge-gap). At BUDGET seconds every process still running is
+# stopped; only finished runs (final.json) count.
 # Runs go to memory (/dev/shm) when it has room for one checkpoint per process and some (each is ~1.6 GB), else
 # to /tmp. A second call on the still-warm machine continues the queue (finished runs are skipped, interrupted
 # ones resume from their last checkpoint): give the same WORK and GPU_CHECK=0 (the check ran).
 # Writes OUT/grid.tgz (every process's folder and log, without checkpoints or figures), OUT/gpu_check.tgz and
-# OUT/logs.tgz; merge the seeds here with `klgrad compare --merge` (same revision, recorded).
+# OUT/logs.tgz; merge the seeds here with `klgrad compare merge` (same revision, recorded).
 #
 # A 15-minute lease in three calls, each within 30 s of the last (the machine stays warm that long; a new start
 # would need the model carried again). Here first: `bash tools/gpu_model_parts.sh pack` (.gpu1/, .gpu2/),
@@ -54,7 +58,7 @@ shm_free_gb=$(df -BG --output=avail /dev/shm 2>/dev/null | tail -1 | tr -dc 0-9)
 if [ "${shm_free_gb:-0}" -ge $(( 4 * PARALLEL )) ]; then DEFAULT_WORK=/dev/shm/gridwork; else DEFAULT_WORK=/tmp/gridwork; fi
 WORK=${WORK:-$DEFAULT_WORK}
 mkdir -p "$WORK/g" "$WORK/logs"
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/experiments/smollm2_sharpen_converged HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD/src HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 
 { nvidia-smi; nproc; python3 -c "import torch, transformers, klgrad.compare.provenance as p; print(torch.__version__, \
 transformers.__version__, torch.cuda.get_device_name(0)); print(p.source_revision().as_dict())"; } \
@@ -71,17 +75,18 @@ if [ "${GPU_CHECK:-1}" != 0 ]; then
   CHECK=$!
 fi
 
-run_one() {  # run_one S METHOD: one run of the grid into its own folder, then forgetting for a registered seed
-  local dir="$WORK/g/seed$1-$2" pin=()
+run_one() {  # run_one S METHOD: one run of the grid into its own folder, then its final measurements afterwards
+  local dir="$WORK/g/seed$1-$2" pin=() measures=(downstream)
   [ "$REV" = none ] || pin=(--pin "$REV")
+  [ "$1" -ge "$REGISTERED" ] || measures+=(forgetting:samples=4)
   mkdir -p "$dir"
   [ -f "$dir/grid.json" ] || cp "$GRID_JSON" "$dir/grid.json"
   OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS python3 -m klgrad compare "${pin[@]}" \
     --config configs/smollm2_sharpen.yaml --out "$dir" --seeds 56 \
     --only-seeds "$1" --steps 60 --betas 0.5 --level sequence --methods "$2" \
     --converge-gap 0.08 --kl-prompts 22 --kl-samples 16 \
-    --final-hook downstream=grid_hooks:downstream --algo.shaping rloo --optim.lr 3e-6 --optim.schedule cosine \
-    && { [ "$1" -ge "$REGISTERED" ] || python3 experiments/smollm2_sharpen_converged/grid_forgetting.py "$dir" --samples 4 --device cuda; }
+    --algo.shaping rloo --optim.lr 3e-6 --optim.schedule cosine \
+    && OMP_NUM_THREADS=$THREADS MKL_NUM_THREADS=$THREADS python3 -m klgrad compare measure "$dir" "${measures[@]}" --device cuda
 }
 
 queue() {  # the (seed, method) runs in order, PARALLEL at once

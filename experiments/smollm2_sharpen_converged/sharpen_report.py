@@ -8,8 +8,9 @@ on a real model (the converged SmolLM2 sharpening grid, experiments/smollm2_shar
 --split heldout`` on the grid's config and β: the reference sampled K times on the same held-out prompts the grid's
 final KL is measured on (``--kl-prompts``, in the same order; the downstream evaluation's are matched by prompt
 text, the regime's example ids resolved through the run's task). Reads each finished run's ``final.json``
-(``stepwise_kl_per_prompt``; the ``downstream`` hook's ``klgrad eval`` of the final policy and its per-problem
-completions) and writes into ``--out`` (default: GRID_DIR):
+(``stepwise_kl_per_prompt``; the ``downstream`` measurement's ``klgrad eval`` of the final policy and its
+per-problem completions, in final.json or, measured afterwards, ``downstream.json``) and writes into ``--out``
+(default: GRID_DIR):
 
 - ``runs.md``: one row per finished run, as its ``final.json`` has it: the primary metric (``batch_kl_k1``, the
   training batches' sequence k1 over the last 10 steps), the held-out stepwise KL(π‖π_ref) ± its SE, the
@@ -35,8 +36,8 @@ completions) and writes into ``--out`` (default: GRID_DIR):
 - ``downstream.md`` / ``downstream.json``: per method, mean ± 95% t interval over seeds of greedy accuracy,
   pass@1 and pass@8 on the held-out prompts and on the harder variant, and each paired difference between two
   methods (per-seed differences, t interval, paired t-test p and exact sign-flip p);
-- ``forgetting.md`` / ``forgetting.json`` (when ``grid_forgetting.py`` has measured runs): the same for
-  KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts;
+- ``forgetting.md`` / ``forgetting.json`` (when ``klgrad compare measure`` has measured runs' forgetting): the
+  same for KL(π‖π_ref) and KL(π_ref‖π) on the shipped general chat prompts;
 - ``noise.md`` / ``noise.json`` (when the grid's summary has a convergence record with a gap): how much of each
   convergence test's per-seed movement sampling alone explains, and the seeds a stepwise-KL metric would need
   (:func:`window_noise`; exploratory, not the stated criterion).
@@ -55,6 +56,7 @@ from scipy import stats as st
 
 from klgrad.compare.convergence import cut_before_decay, metric_series, seeds_for_sd, window_deltas, window_spans
 from klgrad.compare.design import read_grid, registered_seeds
+from klgrad.compare.render import markdown_table
 from klgrad.compare.stats import holm, mean_ci, paired_by_seed, paired_t_p, sign_flip
 from klgrad.exact.estimators import log_z_of_masses
 from klgrad.plotting import pyplot, save
@@ -72,15 +74,19 @@ def ci(xs: list[float]) -> tuple[float, float, float]:
 
 
 def runs(grid: Path) -> list[dict]:
-    """Every finished run: method, seed and final.json."""
+    """Every finished run: method, seed and final.json, with its ``downstream`` from ``downstream.json`` when the
+    run was measured afterwards (``klgrad compare measure GRID downstream``) rather than by the hook before its
+    final.json was written."""
     out = []
     for d in sorted((grid / "runs").glob("*")):
         f = d / "final.json"
         if f.is_file():
             method, _, seed = d.name.partition("-beta")
-            out.append(
-                {"method": method, "seed": int(seed.rsplit("seed", 1)[1]), "dir": d, "final": json.loads(f.read_text())}
-            )
+            final = json.loads(f.read_text())
+            later = d / "downstream.json"
+            if "downstream" not in final and later.is_file():
+                final["downstream"] = json.loads(later.read_text())["downstream"]
+            out.append({"method": method, "seed": int(seed.rsplit("seed", 1)[1]), "dir": d, "final": final})
     return out
 
 
@@ -270,25 +276,24 @@ def paired_tables(by: dict[str, dict[str, dict[int, float]]], cols: list[str]) -
         for i, a in enumerate(methods)
         for b in methods[i + 1 :]
     }
-    lines = ["| method | seeds | " + " | ".join(cols) + " |", "|---" * (len(cols) + 2) + "|"]
-    for m in methods:
-        lines.append(f"| {m} | {table[m][cols[0]]['seeds']} | " + " | ".join(cell(table[m][c]) for c in cols) + " |")
+    rows = [(m, table[m][cols[0]]["seeds"], *(cell(table[m][c]) for c in cols)) for m in methods]
+    lines = markdown_table(("method", "seeds", *cols), rows)
     lines += [
         "",
         "Paired differences (per-seed, mean [95% t interval], paired t-test p and exact sign-flip p, "
         "two-sided, unadjusted):",
         "",
     ]
-    lines += ["| difference | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for name, by_col in pairs.items():
-        cells = [
-            "–"
-            if t is None
-            else f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] "
-            f"t p={t['t_p']:.3f}, sign-flip p={t['sign_flip_p']:.3f}"
-            for t in (by_col[c] for c in cols)
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    def paired(t: dict | None) -> str:
+        if t is None:
+            return "–"
+        return (f"{t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] t p={t['t_p']:.3f}, "
+                f"sign-flip p={t['sign_flip_p']:.3f}")  # fmt: skip
+
+    lines += markdown_table(
+        ("difference", *cols), [(name, *(paired(by[c]) for c in cols)) for name, by in pairs.items()]
+    )
     return table, pairs, lines
 
 
@@ -310,13 +315,15 @@ def downstream(rs: list[dict], out: Path) -> dict:
 
 def forgetting(rs: list[dict], out: Path) -> dict:
     """The forgetting table (module docstring): both KLs on the general chat prompts, from the runs'
-    ``forgetting.json`` (``experiments/smollm2_sharpen_converged/grid_forgetting.py``); empty when no run has one."""
+    ``forgetting.json`` (``klgrad compare measure GRID forgetting:samples=4``, its KLs under ``forgetting``; the
+    files of the script that did this before hold them at the top level); empty when no run has one."""
     cols = {"reverse_kl": "chat KL(π‖π_ref)", "forward_kl": "chat KL(π_ref‖π)"}
     by: dict = {}
     for r in rs:
         f = r["dir"] / "forgetting.json"
         if f.is_file():
             rec = json.loads(f.read_text())
+            rec = rec.get("forgetting", rec)
             for key, col in cols.items():
                 by.setdefault(r["method"], {}).setdefault(col, {})[r["seed"]] = rec[key]
     if not by:
@@ -493,19 +500,16 @@ def window_noise(rs: list[dict], grid: Path, out: Path) -> dict:
 
 def per_run(rs: list[dict], out: Path) -> list[str]:
     """``runs.md`` (module docstring): every finished run's final numbers, by method then seed."""
-    lines = [
-        "| method | seed | batch KL k1 (last 10 steps) | held-out KL(π‖π_ref) | held-out KL(π_ref‖π) | greedy acc. "
-        "| steps | machine |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    header = ("method", "seed", "batch KL k1 (last 10 steps)", "held-out KL(π‖π_ref)", "held-out KL(π_ref‖π)",
+              "greedy acc.", "steps", "machine")  # fmt: skip
+    rows = []
     for r in sorted(rs, key=lambda r: (r["method"], r["seed"])):
         f = r["final"]
         fwd = f"{f['forward_kl']:.3f} ± {f['forward_kl_se']:.3f}" if "forward_kl" in f else "–"
-        lines.append(
-            f"| {r['method']} | {r['seed']} | {f['batch_kl_k1']:.3f} | {f['stepwise_kl']:.3f} ± "
-            f"{f['stepwise_kl_se']:.3f} | {fwd} | {f['greedy_accuracy']:.3f} | {f['steps']} "
-            f"| {f.get('final_on', '?')} |"
-        )
+        rows.append((r["method"], r["seed"], f"{f['batch_kl_k1']:.3f}", f"{f['stepwise_kl']:.3f} ± "
+                     f"{f['stepwise_kl_se']:.3f}", fwd, f"{f['greedy_accuracy']:.3f}", f["steps"],
+                     f.get("final_on", "?")))  # fmt: skip
+    lines = markdown_table(header, rows)
     (out / "runs.md").write_text("\n".join(lines) + "\n")
     return lines
 

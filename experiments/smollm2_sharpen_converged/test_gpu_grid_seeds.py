@@ -1,8 +1,9 @@
 """gpu_grid_seeds.sh, the sharpening grid's seeds on a CUDA machine: its design is the committed grid's (so
 the seeds it brings back merge), and its queue runs every (seed, method) once, each into its own folder that starts
-as a copy of the grid's grid.json, at most PARALLEL at a time with THREADS CPU threads each, a registered seed's
-run followed by its forgetting measurement, within the budget. The queue runs here with a stand-in ``python3`` that
-records its arguments (the real processes need CUDA and SmolLM2's weights)."""
+as a copy of the grid's grid.json, at most PARALLEL at a time with THREADS CPU threads each, each run followed by
+its final measurements afterwards (downstream; forgetting for a registered seed), within the budget. The queue
+runs here with a stand-in ``python3`` that records its arguments (the real processes need CUDA and SmolLM2's
+weights)."""
 
 from __future__ import annotations
 
@@ -89,10 +90,11 @@ def test_the_queue_runs_each_seed_and_method_once_in_its_own_folder_at_most_para
     assert "--- gpu_check" not in done.stdout  # GPU_CHECK=0: no check ran, none is reported
     text = log.read_text()
     lines = text.splitlines()
-    compares = [ln for ln in lines if "klgrad compare" in ln]
+    compares = [ln for ln in lines if "klgrad compare" in ln and "klgrad compare measure" not in ln]
+    measures = [ln for ln in lines if "klgrad compare measure" in ln]
     runs = [(0, "k3_as_loss"), (0, "k2_as_loss"), (1, "k3_as_loss"), (1, "k2_as_loss"), (1, "none"),
             (16, "k3_as_loss"), (16, "k2_as_loss")]  # fmt: skip
-    assert len(compares) == len(runs)
+    assert len(compares) == len(measures) == len(runs)
     for s, m in runs:
         folder = work / "g" / f"seed{s}-{m}"
         mine = [ln for ln in compares if f"--only-seeds {s} " in ln and f"--methods {m} " in ln]
@@ -101,8 +103,11 @@ def test_the_queue_runs_each_seed_and_method_once_in_its_own_folder_at_most_para
         assert "--pin c798603" in mine[0]
         assert " threads=3 " in mine[0]
         assert (folder / "grid.json").read_text() == grid_json.read_text()  # the design and its primary
-        forgetting = f"experiments/smollm2_sharpen_converged/grid_forgetting.py {folder} --samples 4 --device cuda"
-        assert (forgetting in text) == (s < 16)  # measured on the registered seeds only
+        (measured,) = [ln for ln in measures if f"measure {folder} " in ln]  # after its run, in its folder
+        assert " downstream " in measured
+        assert " threads=3 " in measured
+        assert measured.endswith("--device cuda")
+        assert ("forgetting:samples=4" in measured) == (s < 16)  # measured on the registered seeds only
     live: set[str] = set()  # pids of the compares running, in the log's order of events
     most = 0
     for ln in lines:

@@ -152,6 +152,30 @@ def test_without_a_regime_the_per_run_and_downstream_tables_are_written(tmp_path
     assert not (tmp_path / "out" / "prediction.png").exists()
 
 
+def test_downstream_and_forgetting_measured_afterwards_are_tabled_like_the_hooks_and_the_scripts(tmp_path):
+    """`klgrad compare measure` writes downstream.json and forgetting.json (its KLs under "forgetting") beside a
+    run's final.json: the tables are those of the hook's final.json and of the older forgetting files."""
+    correct = {"a": [True, False], "b": [False, False]}
+    grids = {}
+    for name in ("before", "after"):
+        grid = tmp_path / name
+        for method, seed in (("k2_as_loss", 0), ("k3_as_loss", 0), ("k2_as_loss", 1), ("k3_as_loss", 1)):
+            d = make_run(grid, method, seed, [0.2, 0.3], correct)
+            kls = {"reverse_kl": 0.01 * (seed + 1), "forward_kl": 0.02 + 0.01 * (method == "k3_as_loss")}
+            if name == "after":  # measured afterwards: out of final.json into files of their own
+                final = json.loads((d / "final.json").read_text())
+                (d / "downstream.json").write_text(
+                    json.dumps({"measured_by": "x", "downstream": final.pop("downstream")})
+                )
+                (d / "final.json").write_text(json.dumps(final))
+                kls = {"measured_by": "x", "forgetting": kls, "forgetting_reverse_kl": kls["reverse_kl"]}
+            (d / "forgetting.json").write_text(json.dumps(kls))
+        assert report.main([str(grid), "--out", str(tmp_path / f"out_{name}")]) == 0
+        grids[name] = tmp_path / f"out_{name}"
+    for table in ("downstream.md", "downstream.json", "forgetting.md", "forgetting.json"):
+        assert (grids["after"] / table).read_text() == (grids["before"] / table).read_text(), table
+
+
 def test_half_steps_are_the_criterions_window_halves():
     assert report.half_steps(60, 0.25) == (7, 8)  # (45, 52.5] and (52.5, 60]
     assert report.half_steps(31, 0.25) == (4, 4)  # (23.25, 27.125] and (27.125, 31]

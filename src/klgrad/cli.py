@@ -1,10 +1,12 @@
 """klgrad command line: ``audit`` (gradient audit), ``compare`` (the paper's KL comparison), ``train``, ``sft``,
-``eval`` (benchmark accuracy and pass@k), ``export`` (a run's policy as a Hugging Face folder), ``regime`` (which
-regime a config's prompts are in), ``reproduce``
-(paper figures) and ``completion`` (shell completion scripts, generated in :mod:`klgrad.completion`).
+``eval`` (benchmark accuracy and pass@k), ``forgetting`` (both KLs of two models on chat prompts), ``export`` (a
+run's policy as a Hugging Face folder), ``regime`` (which regime a config's prompts are in), ``reproduce`` (paper
+figures) and ``completion`` (shell completion scripts, generated in :mod:`klgrad.completion`).
 
-Each command is two functions side by side: ``add_NAME_parser`` declares its flags, ``cmd_NAME`` runs it. Every
-command writes its results as files (JSON, PNG) into ``--out`` and prints a readable summary.
+Each command is two functions side by side: ``add_NAME_parser`` declares its flags, ``cmd_NAME`` runs it; a
+product's commands (``compare``/``regime``, ``eval``/``forgetting``/``convert-benchmarks``) declare theirs in its
+``commands`` module, ``compare``'s generated from its typed records. Every command writes its results as files
+(JSON, PNG) into ``--out`` and prints a readable summary.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ import time
 from pathlib import Path
 
 from klgrad import __version__
-from klgrad.choices import ACCURACY_REWARDS, AUDIT_DTYPES, ENGINES, FRAMEWORKS, MODEL_DTYPES
+from klgrad.choices import AUDIT_DTYPES, FRAMEWORKS, MODEL_DTYPES
 from klgrad.completion import SHELLS, completion_script
 from klgrad.reproduce.targets import TARGETS
-from klgrad.threads import thread_setting
 
 
 def _console():
@@ -195,349 +196,17 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad compare``: the paper's KL comparison as a grid of training runs (:mod:`klgrad.compare.grid`)."""
-    c = sub.add_parser(
-        "compare",
-        help="the paper's KL comparison: none, k1/k2/k3 as loss, k1 in reward; x seeds; with statistics",
-        description="Train every method for every seed (and beta) with everything else equal; write the "
-        "paper-style figure, a reward-KL frontier, and summary.json/.md with mean ± 95% CI and a verdict for "
-        "each of the paper's predictions from a named test. Finished runs are skipped, interrupted ones resumed. "
-        "Other config fields are dotted flags applied to every run (--rollout.prompts_per_step 4).",
-    )
-    c.add_argument("--config", default="configs/tiny_add.yaml", help="base training config")
-    c.add_argument("--out", default="runs/compare", help="output folder")
-    c.add_argument("--seeds", type=int, default=5, help="seeds per method (>= 2; runs of one seed are paired)")
-    c.add_argument("--steps", type=int, default=60, help="RL steps per run")
-    c.add_argument("--betas", default="0.5", help="comma-separated KL weights (a sweep adds frontier points)")
-    c.add_argument(
-        "--level",
-        default="token",
-        choices=("token", "sequence", "token_to_go"),
-        help="where the KL heads act (default token: what GRPO/verl do, as in the paper's runs)",
-    )
-    c.add_argument(
-        "--methods",
-        default=None,
-        help="comma-separated methods: klgrad heads (default: all five), package.module:name, or framework preset "
-        "ids of `klgrad audit --framework` (trl/grpo-k3: that framework's KL term, its own level and form)",
-    )
-    c.add_argument(
-        "--beta-scale",
-        default=None,
-        metavar="off|length|length=L",
-        help="same nominal KL strength for every method: a method whose KL aggregation divides by the response "
-        "length (a token mean, e.g. trl/grpo-k3) trains at beta*L, L the reference's mean response length on the "
-        "training prompts, measured once (or given: length=L) and recorded in grid.json with each method's "
-        "effective beta; a token sum or sequence-level head at beta (default off: every method at beta)",
-    )
-    c.add_argument("--kl-prompts", type=int, default=20, help="held-out prompts of the final KL (default 20)")
-    c.add_argument("--kl-samples", type=int, default=16, help="policy samples per prompt of the final KL (default 16)")
-    c.add_argument(
-        "--margin",
-        type=float,
-        default=None,
-        help="equivalence margin of 'k1_as_loss ~ none', nats of final KL, stated before the runs (default 0.1)",
-    )
-    c.add_argument(
-        "--optimum-ref-samples",
-        type=int,
-        default=0,
-        metavar="K",
-        help="also estimate each final policy's KL to the optimum pi* of J_beta from samples, log Z from K reference "
-        "samples per held-out prompt (>= 256 advised; default 0: off; the exact value is reported for short answers)",
-    )
-    c.add_argument(
-        "--forgetting-samples",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also measure KL(pi||pi_ref) and KL(pi_ref||pi) on the shipped general chat prompts, N samples per "
-        "prompt in each direction (default 0: off)",
-    )
-    c.add_argument(
-        "--no-checkpoints",
-        action="store_true",
-        help="delete each run's checkpoints once its final numbers (and --final-hook evaluations) are written (a "
-        "real model's are GBs per run); a grid whose checkpoints are gone cannot be extended",
-    )
-    g = c.add_argument_group(
-        "long grids",
-        "OUT/grid.json records the code revision (git commit, '-dirty-<hash>' for a tree with changes), the CPU "
-        "and the design before any run; continuing a grid at another revision or with another design exits 2. "
-        "Runs checkpoint every steps/10 (newest kept) and resume mid-way; a larger --steps extends a finished "
-        "grid; --train.stop_when 'METRIC OP VALUE' stops a run early (docs/reproduction.md, 'Long grids').",
-    )
-    g.add_argument(
-        "--pin",
-        metavar="REV",
-        default=None,
-        help="run the grid from a detached git worktree of REV (made under $KLGRAD_PIN_DIR, default "
-        "~/.cache/klgrad/pins/COMMIT), re-executing this command there, so edits beside it cannot change it",
-    )
-    g.add_argument(
-        "--allow-dirty",
-        action="store_true",
-        help="run a pinned grid from a dirty tree: with --pin, a pinned worktree with local changes; without, the "
-        "continuation of a grid recorded as pinned (recorded as COMMIT-dirty-HASH)",
-    )
-    g.add_argument(
-        "--only-seeds",
-        default=None,
-        metavar="LIST",
-        help="run only these of the grid's seeds, e.g. 4-7 or 0,2 (seeds of one grid on several machines; "
-        "then --merge); with --merge, merge only these seeds, each whole",
-    )
-    g.add_argument(
-        "--only-methods",
-        default=None,
-        metavar="LIST",
-        help="train only these of --methods (comma-separated; the design stays all of --methods): one seed's "
-        "methods as separate processes, then --merge",
-    )
-    g.add_argument(
-        "--merge",
-        nargs="+",
-        default=None,
-        metavar="DIR",
-        type=Path,
-        help="merge these grid folders (same revision and design, e.g. disjoint --only-seeds) into --out and "
-        "summarise; trains nothing",
-    )
-    g.add_argument(
-        "--amend-seeds",
-        type=int,
-        default=None,
-        metavar="N",
-        help="declare that the grid in --out (with a primary hypothesis) runs N seeds, before any seed past its "
-        "registered count runs; recorded in grid.json with --reason; the primary stays decided on the registered "
-        "seeds. Trains nothing",
-    )
-    g.add_argument("--reason", default="", metavar="TEXT", help="why --amend-seeds changes the seed count")
-    g.add_argument(
-        "--primary",
-        default=None,
-        metavar="CLAIM",
-        help="the grid's pre-registered primary hypothesis, 'A<B[:METRIC]' (mean A below B) or 'A~B[:METRIC]' "
-        "(within --margin); METRIC kl (default) or a final metric. Written to grid.json and summary.json before "
-        "any run and tested alone; the other predictions form a secondary Holm family",
-    )
-    g.add_argument(
-        "--converge-gap",
-        type=float,
-        default=None,
-        metavar="NATS",
-        help="the gap the grid must resolve: convergence needs the standard error of the last quarter's movement "
-        "<= gap/4 (without it that bound is not checked)",
-    )
-    g.add_argument(
-        "--converge-metric",
-        default=None,
-        metavar="KEY",
-        help="logged metric the convergence criterion reads (default kl/k1: the training batch's sequence KL)",
-    )
-    g.add_argument(
-        "--converge-without-lr-decay",
-        action="store_true",
-        help="drop the criterion's 'learning rate decays over the last third' condition (a constant lr)",
-    )
-    g.add_argument(
-        "--final-hook",
-        action="append",
-        default=[],
-        metavar="NAME=MODULE:FUNCTION",
-        help="a downstream evaluation, FUNCTION(cfg, run_dir) -> dict, run on each finished run before its "
-        "weights are deleted; stored in final.json under NAME (repeatable)",
-    )
-    c.set_defaults(func=cmd_compare, takes_overrides=True)
+    """``klgrad compare``: its subcommands (``run``, the default, ``merge``, ``amend``, ``report``, ``measure``,
+    ``mean-length``) with flags generated from their records (:mod:`klgrad.compare.commands`)."""
+    from klgrad.compare.commands import add_compare_parser as add
 
-
-def parse_seed_list(text: str) -> list[int]:
-    """``"4-7"`` → [4, 5, 6, 7]; ``"0,2,5"`` → [0, 2, 5]; ranges and single seeds may mix (``"0-2,5"``)."""
-    out: list[int] = []
-    for part in text.split(","):
-        lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"--only-seeds {text!r}: expected seeds like 4-7 or 0,2,5")
-        out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
-    return sorted(set(out))
-
-
-def final_hooks(specs: list[str]) -> dict:
-    """``NAME=MODULE:FUNCTION`` flags → {name: function}; raises ValueError naming a bad one."""
-    from klgrad.import_path import import_object
-
-    hooks = {}
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if not sep or not name:
-            raise ValueError(f"--final-hook {spec!r}: expected NAME=MODULE:FUNCTION")
-        hooks[name] = import_object(path, "--final-hook")
-    return hooks
-
-
-def compare_argv(argv: list[str]) -> list[str]:
-    """The arguments after the ``compare`` command word."""
-    return argv[argv.index("compare") + 1 :] if "compare" in argv else list(argv)
-
-
-def exec_pinned(args: argparse.Namespace, execve=None) -> int:
-    """``--pin REV``: make (or reuse) the pinned worktree and re-execute this compare command from it
-    (:func:`klgrad.compare.provenance.pinned_command`). Returns 2 with a message when REV cannot be pinned."""
-    import os
-
-    from klgrad.compare import provenance as pv
-
-    try:
-        commit, worktree = pv.pin_worktree(args.pin, pv.package_source(), pv.pin_root(), args.allow_dirty)
-    except (ValueError, OSError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    argv, env = pv.pinned_command(worktree, commit, compare_argv(args.argv), dict(os.environ))
-    print(f"klgrad compare: pinned to {commit} ({worktree})", file=sys.stderr, flush=True)
-    (execve or os.execve)(argv[0], argv, env)
-    return 0  # reached only when execve is replaced (tests)
-
-
-GRID_KEYS = ("kl.head", "kl.beta", "kl.form", "kl.level", "train.seed", "train.out_dir", "train.steps")
-"""Config fields ``klgrad compare`` sets per run; set them with its own flags, not as overrides."""
+    add(sub, cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace, overrides: list[str]) -> int:
-    from klgrad.choices import is_preset_id
-    from klgrad.compare.grid import METHODS, run_compare
-    from klgrad.config import ConfigError, parse_override_args
-    from klgrad.runlock import RunLockedError
+    from klgrad.compare.commands import run_command
 
-    if args.pin:
-        return exec_pinned(args)
-    if (args.merge or args.amend_seeds is not None) and overrides:
-        # they train nothing, so a token here is a mistake, most often a spaced seed list (--only-seeds 46 48)
-        # whose tail would otherwise be dropped without a word
-        print(
-            f"klgrad compare: unrecognized arguments {' '.join(overrides)} (--merge and --amend-seeds take no "
-            "config overrides; a seed list is one argument: --only-seeds 46,48,49 or 4-7)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.merge:
-        return cmd_merge(args)
-    if args.amend_seeds is not None:
-        return cmd_amend(args)
-    methods = tuple(args.methods.split(",")) if args.methods else METHODS
-    bad = [m for m in methods if m not in METHODS and ":" not in m and not is_preset_id(m)]
-    why = None
-    if (
-        bad
-        or args.seeds < 2
-        or args.steps < 1
-        or args.kl_prompts < 1
-        or args.kl_samples < 2
-        or (args.margin is not None and not args.margin > 0)
-        or any(n == 1 or n < 0 for n in (args.optimum_ref_samples, args.forgetting_samples))
-    ):
-        why = (
-            f"unknown methods {bad}; choose from {list(METHODS)}, a head's package.module:name or a framework "
-            "preset id (klgrad audit --framework all)"
-            if bad
-            else "--seeds must be >= 2, --steps >= 1, --kl-prompts >= 1, --kl-samples >= 2, --margin > 0, "
-            "--optimum-ref-samples and --forgetting-samples 0 or >= 2"
-        )
-    try:
-        extra = parse_override_args(overrides)
-    except ConfigError as e:
-        why = str(e)
-        extra = {}
-    fixed = sorted(set(extra) & set(GRID_KEYS))
-    if fixed:
-        why = f"{fixed} are set by the grid per run (use --betas, --level, --seeds, --steps, --out)"
-    try:
-        only = None if args.only_seeds is None else parse_seed_list(args.only_seeds)
-        hooks = final_hooks(args.final_hook)
-        from klgrad.compare.beta_scale import parse_beta_scale
-
-        parse_beta_scale(args.beta_scale)  # refused before anything runs
-    except ValueError as e:
-        why, only, hooks = why or str(e), None, {}
-    if why:
-        print(f"klgrad compare: {why}", file=sys.stderr)
-        return 2
-    betas = tuple(float(b) for b in args.betas.split(","))
-    convergence = None
-    if args.converge_gap is not None or args.converge_metric or args.converge_without_lr_decay:
-        from klgrad.compare.convergence import ConvergenceCriterion
-
-        convergence = ConvergenceCriterion(
-            metric=args.converge_metric or "kl/k1",
-            gap=args.converge_gap,
-            lr_decay=None if args.converge_without_lr_decay else 1 / 3,
-        )
-    try:
-        summary = run_compare(
-            Path(args.out),
-            config=args.config,
-            seeds=args.seeds,
-            steps=args.steps,
-            betas=betas,
-            level=args.level,
-            methods=methods,
-            exact_prompts=args.kl_prompts,
-            estimate_samples=args.kl_samples,
-            extra_overrides=extra,
-            keep_checkpoints=not args.no_checkpoints,
-            only_seeds=only,
-            only_methods=None if args.only_methods is None else tuple(args.only_methods.split(",")),
-            primary=args.primary,
-            convergence=convergence,
-            final_hooks=hooks,
-            allow_dirty=args.allow_dirty,
-            optimum_ref_samples=args.optimum_ref_samples,
-            forgetting_samples=args.forgetting_samples,
-            beta_scale=args.beta_scale,
-            **({} if args.margin is None else {"margin": args.margin}),
-        )
-    except (ValueError, RunLockedError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    from klgrad.compare.grid import summary_markdown
-
-    _console().print(summary_markdown(summary))
-    print(f"wrote {args.out}/grid.json, comparison.png, frontier.png, summary.json, summary.md, runs/")
-    return 0
-
-
-def cmd_amend(args: argparse.Namespace) -> int:
-    """``klgrad compare --out DIR --amend-seeds N --reason TEXT`` (:func:`klgrad.compare.grid.amend_grid`)."""
-    from klgrad.compare.grid import amend_grid
-    from klgrad.runlock import RunLockedError
-
-    try:
-        record = amend_grid(Path(args.out), args.amend_seeds, args.reason)
-    except (ValueError, RunLockedError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    a = record["amendments"][-1]
-    started = a["seeds_started"]
-    print(f"amended {args.out}/grid.json: seeds {a['seeds_from']} -> {a['seeds_to']} (seeds started: {started})")
-    return 0
-
-
-def cmd_merge(args: argparse.Namespace) -> int:
-    """``klgrad compare --merge DIR ... --out OUT`` (:func:`klgrad.compare.merge.merge_grids`)."""
-    from klgrad.compare.grid import summary_markdown
-    from klgrad.compare.merge import merge_grids
-    from klgrad.runlock import RunLockedError
-
-    try:
-        seeds = None if args.only_seeds is None else parse_seed_list(args.only_seeds)
-        summary = merge_grids(list(args.merge), Path(args.out), seeds)
-    except (ValueError, RunLockedError) as e:
-        print(f"klgrad compare: {e}", file=sys.stderr)
-        return 2
-    _console().print(summary_markdown(summary))
-    for run in summary["skipped"]:
-        print(f"klgrad compare: left out {run} (not finished)", file=sys.stderr)
-    print(f"wrote {args.out}/grid.json, summary.json, summary.md, runs/ (merged)")
-    return 0
+    return run_command(args, overrides)
 
 
 class TrainHelpFormatter(argparse.HelpFormatter):
@@ -653,121 +322,29 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad eval``: greedy accuracy, pass@1 and pass@k of models on benchmark files (:mod:`klgrad.eval`)."""
-    e = sub.add_parser(
-        "eval",
-        help="greedy accuracy, pass@1 and pass@k of one or more models on benchmark files (Math-Verify)",
-        description="Per benchmark file (JSONL / parquet / JSON / CSV / datasets folder with a prompt and an answer "
-        "column; docs/eval.md), sample each problem once greedily and --samples times at --temperature, score "
-        "with Math-Verify (klgrad's accuracy reward) and report greedy accuracy, pass@1, pass@k (unbiased "
-        "estimator) and mean response length. Writes OUT/eval.json, OUT/completions/ and, for several models, "
-        "OUT/results.md (models x benchmarks).",
-    )
-    e.add_argument(
-        "--model",
-        action="append",
-        metavar="[LABEL=]MODEL",
-        help="'embedded', a shipped model name, a Hugging Face model folder, a klgrad run directory (its newest "
-        "valid checkpoint) or a checkpoint folder; repeat to compare (default: embedded)",
-    )
-    e.add_argument("--data", action="append", required=True, metavar="FILE", help="benchmark file; repeatable")
-    e.add_argument("--samples", type=int, default=8, help="K: samples per problem for pass@1 and pass@K (default 8)")
-    e.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
-    e.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0: off)")
-    e.add_argument(
-        "--max-new-tokens",
-        type=int,
-        default=None,
-        help="response cap (default: 1024, lowered to what fits the model's context)",
-    )
-    e.add_argument("--prompt-column", default="prompt", help="column holding the prompt (default prompt)")
-    e.add_argument("--answer-column", default="answer", help="column holding the answer (default answer)")
-    e.add_argument("--limit", type=int, default=None, metavar="N", help="only the first N problems of each file")
-    e.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="auto: cuda when available")
-    e.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="weights dtype")
-    e.add_argument(
-        "--engine",
-        default="klgrad",
-        choices=ENGINES,
-        help="klgrad (KV-cache sampler with the fast decode, default), hf (transformers generate), vllm (CUDA GPU)",
-    )
-    e.add_argument("--seed", type=int, default=0, help="sampling seed (every model draws the same random numbers)")
-    e.add_argument("--batch-size", type=int, default=32, help="problems per sampler call (default 32)")
-    e.add_argument("--no-chat-template", action="store_true", help="raw prompts even when the tokenizer has a template")
-    e.add_argument(
-        "--reward",
-        default="accuracy",
-        choices=ACCURACY_REWARDS,
-        help="correctness: accuracy (Math-Verify, default) or final_number (Math-Verify on the last number written, "
-        "as the chat arithmetic tasks train)",
-    )
-    e.add_argument(
-        "--threads",
-        type=thread_setting,
-        default="auto",
-        metavar="auto|N",
-        help="CPU threads: auto (default) = this process's share of the cores beside other klgrad processes "
-        "(a training run beside it), as train.threads: auto; N = N",
-    )
-    e.add_argument("--out", default="runs/eval", help="output folder (default runs/eval)")
-    e.set_defaults(func=cmd_eval)
+    """``klgrad eval``: benchmark accuracy and pass@k of models (:mod:`klgrad.eval.commands`)."""
+    from klgrad.eval.commands import add_eval_parser as add
+
+    add(sub, cmd_eval)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from klgrad.eval.benchmarks import answer_warnings, load_benchmarks
-    from klgrad.eval.models import locate_model
-    from klgrad.eval.report import print_table, write_outputs
-    from klgrad.eval.run import EvalSettings, evaluate_all, resolve_eval_device
-    from klgrad.runlock import run_lock
-    from klgrad.trainer.loop import cpu_threads
+    from klgrad.eval.commands import cmd_eval as run
 
-    try:  # every argument, file and model folder checked before any sampling
-        settings = EvalSettings(
-            samples=args.samples,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            chat_template=not args.no_chat_template,
-            engine=args.engine,
-            reward=args.reward,
-        )
-        device = resolve_eval_device(args.device, args.engine)
-        benchmarks = load_benchmarks(
-            args.data, prompt_column=args.prompt_column, answer_column=args.answer_column, limit=args.limit
-        )
-        sources = [locate_model(m) for m in args.model or ["embedded"]]
-    except (ValueError, OSError) as e:  # DataError is a ValueError; FileNotFoundError an OSError
-        print(f"klgrad eval: {e}", file=sys.stderr)
-        return 2
-    warnings = answer_warnings(benchmarks)
-    for w in warnings:
-        print(f"klgrad eval: warning: {w}", file=sys.stderr)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    return run(args)
 
-    console = _console()
-    out = Path(args.out)
-    total = len(sources) * sum(len(b.examples) for b in benchmarks)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with run_lock(out), cpu_threads(args.threads), Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("loading", total=total)
-        try:
-            results = evaluate_all(
-                sources,
-                benchmarks,
-                settings,
-                device=device,
-                dtype=args.dtype,
-                advance=lambda what, n: progress.update(task, advance=n, description=what),
-            )
-        except (ValueError, OSError) as e:
-            print(f"klgrad eval: {e}", file=sys.stderr)
-            return 2
-        paths = write_outputs(results, settings, args.data, out, warnings)
-    print_table(results, settings, console)
-    console.print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'completions'}/")
-    return 0
+
+def add_forgetting_parser(sub: argparse._SubParsersAction) -> None:
+    """``klgrad forgetting``: what a trained policy cost the model elsewhere (:mod:`klgrad.eval.forgetting`)."""
+    from klgrad.eval.commands import add_forgetting_parser as add
+
+    add(sub, cmd_forgetting)
+
+
+def cmd_forgetting(args: argparse.Namespace) -> int:
+    from klgrad.eval.commands import cmd_forgetting as run
+
+    return run(args)
 
 
 def add_export_parser(sub: argparse._SubParsersAction) -> None:
@@ -803,68 +380,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def add_regime_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad regime``: which regime a config's prompts are in (:mod:`klgrad.compare.regime`)."""
-    r = sub.add_parser(
-        "regime",
-        help="predict from the reference's own samples whether k2 or k3 holds the policy closer (sharpen/discover)",
-        description="Sample the config's reference K times on its first training (or --split heldout) "
-        "prompts, group each prompt's samples by reward value and compute exactly the sequence-level fixed "
-        "points of the reverse-KL heads (k1_in_reward, k2_as_loss: pi* ~ pi_ref e^(R/beta)) and of k3 (the "
-        "forward-KL optimum), their KL to the reference per prompt and over the set with bootstrap intervals. "
-        "Writes regime.json and regime.png. Config fields are dotted flags (--model.path M --data.task file "
-        "--data.path D).",
-    )
-    r.add_argument("--config", default=None, help="YAML config (e.g. configs/smollm2_sharpen.yaml); defaults otherwise")
-    r.add_argument("--out", default="runs/regime", help="output folder (default runs/regime)")
-    r.add_argument("--beta", type=float, default=None, help="KL weight of the fixed points (default: kl.beta)")
-    r.add_argument("--samples", type=int, default=32, help="K: reference samples per prompt (default 32)")
-    r.add_argument("--prompts", type=int, default=64, help="prompts sampled, the split's first (default 64)")
-    r.add_argument(
-        "--split",
-        choices=("train", "heldout"),
-        default="train",
-        help="the training prompts (default) or the held-out ones klgrad compare measures its final KL on",
-    )
-    r.add_argument("--seed", type=int, default=0, help="sampling and bootstrap seed")
-    r.set_defaults(func=cmd_regime, takes_overrides=True)
+    """``klgrad regime``: which regime a config's prompts are in (:mod:`klgrad.compare.commands`)."""
+    from klgrad.compare.commands import add_regime_parser as add
+
+    add(sub, cmd_regime)
 
 
 def cmd_regime(args: argparse.Namespace, overrides: list[str]) -> int:
-    from klgrad.compare.regime import run_regime
-    from klgrad.config import load_config, parse_override_args
-    from klgrad.runlock import RunLockedError, run_lock
+    from klgrad.compare.commands import cmd_regime as run
 
-    try:
-        cfg = load_config(args.config, parse_override_args(overrides))
-        out = Path(args.out)
-        with run_lock(out):
-            result = run_regime(
-                cfg, out, beta=args.beta, samples=args.samples, prompts=args.prompts, seed=args.seed, split=args.split
-            )
-    except (ValueError, OSError, RunLockedError) as e:
-        print(f"klgrad regime: {e}", file=sys.stderr)
-        return 2
-    kl, fkl, ci = result["predicted_kl"], result["predicted_forward_kl"], result["interval_95"]
-    print(
-        f"{result['n_prompts']} prompts x {result['samples_per_prompt']} samples: reference success rate "
-        f"{result['success_rate']:.3f} ({result['prompts_never_rewarded']} prompts never rewarded)\n"
-        f"predicted KL to the reference at beta={result['beta']:g}: k1_in_reward/k2_as_loss {kl['reverse']:.4f} "
-        f"[{ci['reverse'][0]:.4f}, {ci['reverse'][1]:.4f}], k3 {kl['forward']:.4f} "
-        f"[{ci['forward'][0]:.4f}, {ci['forward'][1]:.4f}]\n"
-        f"forward KL(ref||fixed point): k1_in_reward/k2_as_loss {fkl['reverse']:.4f} "
-        f"[{ci['forward_kl_reverse'][0]:.4f}, {ci['forward_kl_reverse'][1]:.4f}], k3 {fkl['forward']:.4f} "
-        f"[{ci['forward_kl_forward'][0]:.4f}, {ci['forward_kl_forward'][1]:.4f}]\n"
-        f"closer to the reference: {result['closer']}"
-    )
-    top = result.get("most_influential")
-    if top is not None:
-        print(
-            f"most influential prompt: {top['id'] or top['index']} (success rate {top['success_rate']:.3g}), "
-            f"forward - reverse {top['forward_minus_reverse']:+.4f}; the set's mean "
-            f"{top['mean_forward_minus_reverse']:+.4f}, without it {top['mean_without']:+.4f}"
-        )
-    print(f"wrote {out}/regime.json, regime.png")
-    return 0
+    return run(args, overrides)
 
 
 REPRODUCE_TARGETS: tuple[str, ...] = tuple(TARGETS)
@@ -901,30 +426,16 @@ def _reproduce(args: argparse.Namespace, out: Path) -> int:
 
 
 def add_convert_parser(sub: argparse._SubParsersAction) -> None:
-    """``klgrad convert-benchmarks FILE ... --out DIR``: downloaded benchmark files into ``klgrad eval``'s rows."""
-    from klgrad.eval.convert import FORMATS
+    """``klgrad convert-benchmarks FILE ... --out DIR`` (:mod:`klgrad.eval.commands`)."""
+    from klgrad.eval.commands import add_convert_parser as add
 
-    v = sub.add_parser(
-        "convert-benchmarks",
-        help="convert downloaded benchmark files (MATH-500, AIME, GSM8K, GPQA, ...) into klgrad eval's JSONL",
-        description="Convert public benchmark files you have downloaded into JSONL rows {id, prompt, answer} that "
-        "klgrad eval reads (docs/eval.md lists the layouts it knows).",
-    )
-    v.add_argument("sources", nargs="+", type=Path, help="downloaded benchmark files (.jsonl, .json, .parquet, .csv)")
-    v.add_argument("--out", type=Path, required=True, help="folder for the converted NAME.jsonl files")
-    v.add_argument("--name", default=None, help="output name (one source only; default: the source's file stem)")
-    v.add_argument("--format", default="auto", choices=("auto", *FORMATS), help="source layout (default: detected)")
-    v.add_argument("--instruction", default=None, help="appended to each prompt ('' for none; default: per format)")
-    v.add_argument("--seed", type=int, default=0, help="seed of the GPQA option shuffle")
-    v.set_defaults(func=cmd_convert_benchmarks)
+    add(sub, cmd_convert_benchmarks)
 
 
 def cmd_convert_benchmarks(args: argparse.Namespace) -> int:
-    from klgrad.eval.convert import convert_sources
+    from klgrad.eval.commands import cmd_convert_benchmarks as run
 
-    return convert_sources(
-        args.sources, args.out, name=args.name, fmt=args.format, instruction=args.instruction, seed=args.seed
-    )
+    return run(args)
 
 
 def add_completion_parser(sub: argparse._SubParsersAction) -> None:
@@ -955,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_train_parser,
         add_sft_parser,
         add_eval_parser,
+        add_forgetting_parser,
         add_export_parser,
         add_regime_parser,
         add_reproduce_parser,
@@ -976,16 +488,19 @@ def _quiet_transformers() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from klgrad.compare.commands import compare_words
+
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given (compare --pin re-executes it)
-    if args.command in ("train", "sft", "compare", "reproduce", "eval", "export", "regime"):
+    given = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(compare_words(given))  # `klgrad compare --out D` is `compare run --out D`
+    args.argv = given  # as given (compare --pin re-executes it)
+    if args.command in ("train", "sft", "compare", "reproduce", "eval", "forgetting", "export", "regime"):
         _quiet_transformers()
     if getattr(args, "takes_overrides", False):
         return int(args.func(args, extra) or 0)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if getattr(args, "out", "x") is None:
+    if args.command == "reproduce" and args.out is None:
         args.out = f"runs/reproduce/{args.name}"
     from klgrad.runlock import RunLockedError
 

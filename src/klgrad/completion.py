@@ -66,6 +66,12 @@ def completion_spec(parser: argparse.ArgumentParser) -> dict[str, dict]:
     spec = {"": {"options": top_opts, "words": list(sub.choices)}}
     for name, p in sub.choices.items():
         opts, words = options_of(p)
+        inner = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if inner is not None:  # a command with subcommands: their names, and the default one's options
+            words += list(inner.choices)
+            default = p.get_default("default_subcommand")
+            if default is not None:
+                opts += options_of(inner.choices[default])[0]
         if p.get_default("takes_overrides"):
             opts += config_options()
         spec[name] = {"options": opts, "words": words}

@@ -50,4 +50,5 @@ def test_the_precision_report_of_rho_k3_does_not_depend_on_the_kernels():
         inside = precision_report(preset_gradient(preset), "float32")
         again = precision_report(preset_gradient(preset), "float32")
     assert inside == again
-    assert inside.zero is not None and inside.wrong is not None  # the cancellation is there in ideal arithmetic too
+    assert inside.zero is not None
+    assert inside.wrong is not None

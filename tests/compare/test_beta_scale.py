@@ -1,4 +1,4 @@
-"""``klgrad compare --beta-scale``: every method at the same nominal KL strength (klgrad.compare.beta_scale)."""
+"""``klgrad compare run --beta-scale``: every method at the same nominal KL strength (klgrad.compare.beta_scale)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,21 @@ from klgrad.compare.beta_scale import (
     parse_beta_scale,
     settle_scale,
 )
-from klgrad.compare.design import GridMismatchError
-from klgrad.compare.grid import method_overrides, run_compare, summary_markdown
+from klgrad.compare.design import GridMismatchError, method_overrides
+from klgrad.compare.grid import run_compare as run_grid
 from klgrad.compare.merge import merge_grids
+from klgrad.compare.options import RunOptions
+from klgrad.compare.records import Summary
+from klgrad.compare.render import summary_markdown
 from klgrad.trainer import read_jsonl
 from tests.helpers.tiny_runs import SMALL_GRID, small
 
 L = 6.5
+
+
+def run_compare(out, **fields):
+    """:func:`klgrad.compare.grid.run_compare` of the options named by ``fields``."""
+    return run_grid(RunOptions.of(out, **fields))
 
 
 def method_config(tmp_path, method: str, beta: float = 0.5, **over):
@@ -105,17 +113,17 @@ def test_the_summary_table_states_each_methods_effective_beta():
         "beta_scale": BetaScale(mean_length=L).as_dict(),
         "effective_betas": {"trl/grpo-k3@0.5": 0.5 * L, "k2_as_loss@0.5": 0.5},
     }
-    md = summary_markdown(summary)
+    md = summary_markdown(Summary.from_json(summary))
     assert "| method @ β | β' (kl.beta) | greedy acc." in md
     assert "| trl/grpo-k3@0.5 | 3.25 |" in md
     assert "| k2_as_loss@0.5 | 0.5 |" in md
     assert "L̄ = 6.500 tokens" in md
     unscaled = {k: v for k, v in summary.items() if k not in ("beta_scale", "effective_betas")}
-    assert "β'" not in summary_markdown(unscaled)  # a grid without --beta-scale: its table as before
+    assert "β'" not in summary_markdown(Summary.from_json(unscaled))  # a grid without --beta-scale: its table as before
 
 
 SMALL = {**SMALL_GRID, "algo.shaping": "rloo", "train.threads": 1}
-KW = dict(exact_prompts=3, estimate_samples=4, progress=False, level="sequence", extra_overrides=SMALL)
+KW = dict(exact_prompts=3, estimate_samples=4, progress=False, level="sequence", overrides=SMALL)
 
 
 @pytest.mark.slow
@@ -155,7 +163,7 @@ def test_a_scaled_grid_records_each_beta_trains_at_it_and_extends_like_any_other
         assert [(p["from_step"], p["to_step"]) for p in read_jsonl(d / "provenance.jsonl")] == [(0, 2), (2, 3)]
     saved = json.loads((out / "summary.json").read_text())
     assert saved["effective_betas"] == {"trl/grpo-k3@0.5": pytest.approx(0.5 * L), "k2_as_loss@0.5": 0.5}
-    assert summary["beta_scale"]["mean_length"] == L
+    assert summary.beta_scale["mean_length"] == L
     assert "| trl/grpo-k3@0.5 | 3.25 |" in (out / "summary.md").read_text()
     with pytest.raises(GridMismatchError, match="beta_scale"):
         run_compare(out, steps=3, **{**kw, "beta_scale": None})
@@ -169,10 +177,10 @@ def test_seeds_run_apart_with_a_given_length_merge_with_their_effective_betas(tm
     kw = dict(seeds=2, steps=1, methods=("trl/grpo-k3", "k2_as_loss"), beta_scale=f"length={L}", **KW)
     run_compare(tmp_path / "a", only_seeds=[0], **kw)
     run_compare(tmp_path / "b", only_seeds=[1], **kw)
-    summary = merge_grids([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    summary = merge_grids([tmp_path / "a", tmp_path / "b"], tmp_path / "m").summary
     merged = json.loads((tmp_path / "m" / "grid.json").read_text())
     assert merged["beta_scale"] == BetaScale(mean_length=L, measured=False).as_dict()
-    assert summary["effective_betas"] == {"trl/grpo-k3@0.5": pytest.approx(0.5 * L), "k2_as_loss@0.5": 0.5}
+    assert summary.effective_betas == {"trl/grpo-k3@0.5": pytest.approx(0.5 * L), "k2_as_loss@0.5": 0.5}
     assert "given on the command line" in (tmp_path / "m" / "summary.md").read_text()
     run_compare(tmp_path / "c", only_seeds=[1], **{**kw, "beta_scale": "length=5"})
     with pytest.raises(GridMismatchError, match="beta_scale"):  # another L̄ is another design

@@ -3,6 +3,7 @@ predictions on hand-built per-seed results whose right verdict is known."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -10,31 +11,29 @@ import pytest
 import torch
 
 from klgrad.cli import main
-from klgrad.compare.grid import (
-    EQUIVALENCE_MARGIN,
-    EVAL_PANELS,
-    PREDICTIONS,
-    SAMPLED_KL_PANEL,
-    final_value,
-    held_out_kl_panel,
-    holm_family_size,
-    margin_note,
-    method_overrides,
-    prediction_tests,
-    rewrite_summary,
-    run_compare,
-    run_name,
-    sign_flip_phrase,
-    summarize,
-    summary_markdown,
-)
-from klgrad.compare.grid import main as grid_main
+from klgrad.compare.design import EQUIVALENCE_MARGIN, method_overrides, run_name
+from klgrad.compare.grid import run_compare
+from klgrad.compare.hypotheses import PREDICTIONS, final_value, prediction_tests, summarize
+from klgrad.compare.options import RunOptions
+from klgrad.compare.plots import EVAL_PANELS, SAMPLED_KL_PANEL, held_out_kl_panel
+from klgrad.compare.records import Summary, TestResult
+from klgrad.compare.render import holm_family_size, margin_note, sign_flip_phrase, summary_markdown
+from klgrad.compare.report import report
 from klgrad.compare.stats import OPPOSITE, SUPPORTED, UNRESOLVED, decide, paired_equivalent, paired_less
 from klgrad.trainer import prompt_indices, read_jsonl, rollout_uniforms
 from tests.helpers.tiny_runs import SMALL_GRID
 from tests.helpers.tolerances import llama_depth, network_tol
 
 SMALL = dict(SMALL_GRID)
+
+
+def _summarize(*args, **kwargs) -> dict:
+    """summary.json's form of :func:`summarize`'s record."""
+    return summarize(*args, **kwargs).to_json()
+
+
+def _markdown(summary: dict) -> str:
+    return summary_markdown(Summary.from_json(summary))
 
 
 @pytest.mark.slow
@@ -48,9 +47,9 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         exact_prompts=3,
         estimate_samples=4,
         progress=False,
-        extra_overrides=SMALL,
+        overrides=SMALL,
     )
-    summary = run_compare(out, **kw)
+    summary = run_compare(RunOptions.of(out, **kw)).to_json()
     for name in ("comparison.png", "frontier.png", "convergence.png", "summary.json", "summary.md"):
         assert (out / name).is_file(), name
     data = json.loads((out / "summary.json").read_text())
@@ -113,7 +112,7 @@ def test_tiny_grid_end_to_end_and_skips_finished_runs(tmp_path):
         for k in ("reward/mean", "reward/accuracy", "response/length", "kl/k1"):
             assert len({r[k] for r in first}) == 1, (seed, k)
     mtimes = {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")}
-    run_compare(out, **kw)  # everything finished: nothing is retrained
+    run_compare(RunOptions.of(out, **kw))  # everything finished: nothing is retrained
     assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/final.json")} == mtimes
 
 
@@ -228,7 +227,7 @@ def _results(methods=tuple(ARMS["exact_kl"]), drop: tuple[str, int] | None = Non
 
 def test_hand_built_results_get_the_verdicts_they_call_for():
     methods = tuple(ARMS["exact_kl"])
-    summary = summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6)
+    summary = _summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6)
     assert summary["kl_metric"] == "exact_kl"
     got = {p["claim"]: p for p in summary["predictions"]}
     assert {c: p["verdict"] for c, p in got.items()} == EXPECTED
@@ -240,13 +239,13 @@ def test_hand_built_results_get_the_verdicts_they_call_for():
     assert got["k1_as_loss ≈ none (no regularisation) on final KL"]["margin"] == EQUIVALENCE_MARGIN == 0.1
     # k1_as_loss − none is ±0.002: equivalent within 0.1, and not within 0.001 (a significant difference there
     # is not claimed: the mean difference is 0, so the verdict is "not resolved")
-    strict = summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6, margin=0.001)["predictions"]
+    strict = _summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6, margin=0.001)["predictions"]
     assert next(p for p in strict if p["kind"] == "equivalent")["verdict"] == UNRESOLVED
     assert got["k2_as_loss keeps KL below k3_as_loss"]["n_negative"] == 6
     assert got["k2_as_loss keeps the log-prob gap below k3_as_loss"]["n_negative"] == 0
     # unpaired, the seed effect hides the 0.3 shift that pairing resolves
     assert got["k2_as_loss keeps KL below k3_as_loss"]["welch"]["verdict"] == UNRESOLVED
-    md = summary_markdown(summary)
+    md = _markdown(summary)
     assert "**the opposite holds**: k3_as_loss ends lower than k2_as_loss" in md
     for claim, verdict in EXPECTED.items():
         assert f"**{verdict}** |" in md.split(f"| {claim}", 1)[1].split("\n", 1)[0], claim
@@ -254,56 +253,58 @@ def test_hand_built_results_get_the_verdicts_they_call_for():
 
 def test_summary_states_the_temperature_the_holm_family_and_that_welch_is_unadjusted():
     methods = tuple(ARMS["exact_kl"])
-    summary = summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6, temperature=0.7)
+    summary = _summarize(_results(), methods, (0.5,), "token", steps=60, seeds=6, temperature=0.7)
     preds = summary["predictions"]
     assert summary["temperature"] == 0.7
-    md = summary_markdown(summary)
+    md = _markdown(summary)
     assert "final KL(π‖π_ref) at τ = 0.7" in md  # the plain answer's distance to the reference
     assert "Every KL (exact, stepwise, sampled k1 and k3" in md
     assert "at τ = 0.7, the sampling temperature" in md
     # 8 claims, the equivalence claim twice: m = 9, as decide() adjusts them
-    assert holm_family_size(preds) == len(preds) + 1 == 9
+    assert holm_family_size([TestResult.from_json(p) for p in preds]) == len(preds) + 1 == 9
     assert "one family of the 9 tested hypotheses of 8 claims" in md
     assert "| Welch p (unadj.) |" in md
     assert "outside the Holm family, not used for any verdict" in md
     assert all(p["welch"]["adjusted"] is False for p in preds)
     assert "normality" not in md  # 6 seeds: the sign-flip p can reach 2/64 < 0.05
     five = [r for r in _results() if r["seed"] < 5]
-    md5 = summary_markdown(summarize(five, methods, (0.5,), "token", steps=60, seeds=5))
+    md5 = _markdown(_summarize(five, methods, (0.5,), "token", steps=60, seeds=5))
     assert "2/2^5 = 0.0625 ≥ α, so a verdict here rests on the t-test's normality" in md5
     assert "at the sampling temperature (not recorded)" in md5
 
 
-def test_rewrite_summary_renders_a_summary_json_without_training(tmp_path, capsys):
-    """A summary.json written before the temperature was recorded: the rewrite needs it, records it, marks the
-    Welch records unadjusted, and writes summary.md as summary_markdown would; the numbers are left as they are."""
+def test_report_renders_a_summary_json_without_training(tmp_path, capsys):
+    """A summary.json written before the temperature was recorded (and before grid.json): `report` needs it,
+    records it, marks the Welch records unadjusted, and writes summary.md as summary_markdown would; the numbers
+    are left as they are."""
     methods = tuple(ARMS["exact_kl"])
     results = _results()
-    summary = summarize(results, methods, (0.5,), "token", steps=60, seeds=6)
+    summary = _summarize(results, methods, (0.5,), "token", steps=60, seeds=6)
     del summary["temperature"]
     for p in summary["predictions"]:
         del p["welch"]["adjusted"]
     (tmp_path / "summary.json").write_text(json.dumps({**summary, "runs": results}, indent=1))
     with pytest.raises(ValueError, match="does not record the sampling temperature"):
-        rewrite_summary(tmp_path)
-    md = rewrite_summary(tmp_path, 1.0)
+        report(tmp_path, figures=False)
+    report(tmp_path, 1.0, figures=False)
+    md = (tmp_path / "summary.md").read_text()
     saved = json.loads((tmp_path / "summary.json").read_text())
     assert list(saved)[list(saved).index("kl_metric") + 1] == "temperature"
     assert saved["temperature"] == 1.0
     assert all(p["welch"]["adjusted"] is False for p in saved["predictions"])
     assert saved["runs"] == results
     assert [p["p_adjusted"] for p in saved["predictions"]] == [p["p_adjusted"] for p in summary["predictions"]]
-    assert (tmp_path / "summary.md").read_text() == md == summary_markdown(saved)
+    assert (tmp_path / "summary.md").read_text() == md == _markdown(saved)
     assert "at τ = 1" in md
     with pytest.raises(ValueError, match=r"records temperature 1\.0"):
-        rewrite_summary(tmp_path, 0.7)
-    assert grid_main(["--rewrite-summary", str(tmp_path)]) == 0  # recorded now: no --temperature needed
+        report(tmp_path, 0.7, figures=False)
+    assert main(["compare", "report", str(tmp_path), "--no-figures"]) == 0  # recorded now: no --temperature needed
     assert "summary.md" in capsys.readouterr().out
 
 
 def test_predictions_need_their_methods_and_pair_only_shared_seeds():
     methods = ("none", "k2_as_loss", "k3_as_loss")
-    summary = summarize(_results(methods, drop=("k3_as_loss", 5)), methods, (0.5,), "token", steps=60, seeds=6)
+    summary = _summarize(_results(methods, drop=("k3_as_loss", 5)), methods, (0.5,), "token", steps=60, seeds=6)
     claims = {p["claim"]: p for p in summary["predictions"]}
     # the k1_* claims need their methods
     assert set(claims) == {c for c in EXPECTED if "k1_" not in c}
@@ -368,8 +369,11 @@ def test_cli_rejects_bad_grids(capsys, tmp_path):
         assert main(["compare", "--out", out, flag, value]) == 2
         assert "--seeds must be >= 2, --steps >= 1" in capsys.readouterr().err
     for flag in ("--optimum-ref-samples", "--forgetting-samples"):  # 0 (off) or a sample with a spread
-        assert main(["compare", "--out", out, flag, "1"]) == 2
-        assert "--optimum-ref-samples and --forgetting-samples 0 or >= 2" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as exit_:  # an argparse error: exit 2, naming the flag
+            main(["compare", "--out", out, flag, "1"])
+        assert exit_.value.code == 2
+        assert f"argument {flag}: measurement" in (err := capsys.readouterr().err)
+        assert "must be >= 2, got 1" in err
     assert main(["compare", "--out", out, "--kl.beta", "0.1"]) == 2  # the grid sets it per run
     assert "['kl.beta'] are set by the grid per run" in capsys.readouterr().err
     assert main(["compare", "--out", out, "--rollout.prompts_per_stepp", "4"]) == 2  # a typo in a dotted field
@@ -385,7 +389,7 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_to
     directions: enumerated at 8 tokens, stepwise along policy and reference samples at 12 (> 10: not enumerated)."""
     from safetensors.torch import load_file
 
-    from klgrad.compare.grid import final_kl
+    from klgrad.compare.measurements import measure_run, parse_measurement
     from klgrad.config import load_config
     from klgrad.trainer import EMBEDDED_DIR, train
 
@@ -410,7 +414,8 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_to
         load_file(str(EMBEDDED_DIR / "tiny_addition" / "model.safetensors")),
     )
     assert any(not torch.equal(policy[k], start[k]) for k in policy if k in start)  # the policy moved
-    out = final_kl(cfg, tmp_path / "run", n_prompts=2, samples=4, optimum_ref_samples=256, forgetting_samples=2)
+    extra = [parse_measurement("kl_to_optimum:ref_samples=256"), parse_measurement("forgetting:samples=2")]
+    out = measure_run(cfg, tmp_path / "run", 2, 4, extra)
     assert out["forward_kl"] == 0.0
     # the optional metrics: the policy is its reference, so both chat-prompt KLs are exactly 0
     assert (out["forgetting_reverse_kl"], out["forgetting_forward_kl"]) == (0.0, 0.0)
@@ -439,14 +444,15 @@ def test_final_kl_is_against_the_reference_the_run_reset_to(tmp_path, max_new_to
 
 def test_the_summary_says_how_its_sign_flip_ps_and_adjustment_were_computed():
     """A record decided now carries its sign-flip method and adjustment, and the summary's sentence follows
-    them; a summary.json written before them (rewritten by ``rewrite_summary``) keeps the Monte Carlo wording."""
+    them; a summary.json written before them keeps the Monte Carlo wording."""
     d = [0.05 * (1 + 0.1 * i) for i in range(24)]
-    new = decide([paired_equivalent(d, [0.0] * 24, 0.5), paired_less(d, [0.0] * 24)])
+    decided = decide([paired_equivalent(d, [0.0] * 24, 0.5), paired_less(d, [0.0] * 24)])
+    new = [TestResult.from_json({"claim": "c", "metric": "m", "a": "x", "b": "y", **p}) for p in decided]
     assert sign_flip_phrase(new).startswith("exact: all 2^n sign patterns")
-    old = [{k: v for k, v in p.items() if k not in ("sign_flip_method", "adjustment")} for p in new]
+    old = [dataclasses.replace(p, sign_flip_method=None, adjustment=None) for p in new]
     assert "seeded random sign patterns" in sign_flip_phrase(old)
-    lo, hi = new[0]["ci_tost"]
+    lo, hi = new[0].ci_tost
     assert margin_note(new[0]) == f" (margin ±0.5; TOST's 90% CI [{lo:+.4f}, {hi:+.4f}])"
-    before = {k: v for k, v in new[0].items() if k not in ("ci_tost", "ci_tost_level")}
-    assert margin_note(before) == " (margin ±0.5)"
+    assert margin_note(dataclasses.replace(new[0], ci_tost=None, ci_tost_level=None)) == " (margin ±0.5)"
     assert margin_note(new[1]) == ""
+

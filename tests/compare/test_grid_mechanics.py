@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import klgrad.compare.merge as merge_module
-from klgrad.cli import main, parse_seed_list
+from klgrad.cli import main
 from klgrad.compare.claims import Claim, parse_claim
 from klgrad.compare.convergence import (
     ConvergenceCriterion,
@@ -28,16 +28,16 @@ from klgrad.compare.convergence import (
 )
 from klgrad.compare.convergence_plot import verdict_text
 from klgrad.compare.design import GridMismatchError, allowed_seeds, amend_seeds, registered_seeds, settle_design
-from klgrad.compare.grid import (
+from klgrad.compare.hypotheses import (
     PREDICTIONS,
     amended_primary,
     check_logged,
-    convergence_markdown,
     grid_convergence,
     prediction_tests,
     summarize,
 )
 from klgrad.compare.merge import add_new_files, check_mergeable, remove_created
+from klgrad.compare.options import parse_seed_list
 from klgrad.compare.provenance import (
     PIN_DIR_ENV,
     PIN_ENV,
@@ -51,6 +51,8 @@ from klgrad.compare.provenance import (
     source_revision,
     strip_pin_args,
 )
+from klgrad.compare.records import GridRecord, Summary
+from klgrad.compare.render import convergence_markdown, summary_markdown
 from klgrad.compare.stats import decide
 from klgrad.runlock import waiting_lock
 from klgrad.stopping import parse_stop_rule, stop_point
@@ -255,6 +257,7 @@ def record(revision: str = "abc", **over) -> dict:
         "betas": [0.5],
         "level": "sequence",
         "steps": 10,
+        "cadence_steps": 10,
         "overrides": {},
         "margin": 0.1,
         "exact_prompts": 3,
@@ -314,7 +317,7 @@ AT = ("2026-11-27T00:00:00+00:00", "2026-11-28T00:00:00+00:00")
 def test_seeds_past_the_registered_count_of_a_primary_grid_need_an_amendment_declared_before_they_run():
     stated = parse_claim("k2_as_loss<k3_as_loss").as_dict()
     old = settle_design(None, record(primary=stated), has_runs=False)  # 4 seeds registered
-    with pytest.raises(GridMismatchError, match=r"registered with 4 seeds .* --amend-seeds 8 --reason"):
+    with pytest.raises(GridMismatchError, match=r"registered with 4 seeds .* amend --out .* --seeds 8 --reason"):
         settle_design(old, record(seeds=8), has_runs=True)
     assert settle_design(old, record(seeds=8), has_runs=False)["seeds"] == 8  # before any run the design may change
     free = settle_design(None, record(), has_runs=False)  # no primary: seeds are added freely
@@ -380,21 +383,22 @@ def test_an_amended_grid_decides_its_primary_on_the_registered_seeds_and_reports
         record(primary=claim.as_dict(), seeds=6, methods=list(methods)), 8, "why", list(range(6)), "d", AT[0]
     )
     summary = summarize(results, methods, (0.5,), "sequence", 10, 8, primary=claim)
-    out = amended_primary(summary, results, rec)
+    out = amended_primary(summary, results, GridRecord.from_json(rec))
     alone = summarize([r for r in results if r["seed"] < 6], methods, (0.5,), "sequence", 10, 6, primary=claim)
     assert out["registered_seeds"] == 6
-    assert out["amendments"] == rec["amendments"]
-    assert out["primary"] == alone["primary"]  # exactly the registered test
-    assert out["primary"]["n_pairs"] == 6
-    assert out["primary"]["verdict"] == "supported"
-    assert out["primary_all_seeds"]["n_pairs"] == 8
-    assert out["primary_all_seeds"]["mean_difference"] == summary["primary"]["mean_difference"]
-    assert out["primary_all_seeds"]["family"].startswith("every seed")
-    before = amended_primary(alone, [r for r in results if r["seed"] < 6], rec)  # no added seed finished yet
-    assert before == {"amendments": rec["amendments"], "registered_seeds": 6}
-    from klgrad.compare.grid import summary_markdown
+    assert list(out["amendments"]) == rec["amendments"]
+    assert out["primary"] == alone.primary  # exactly the registered test
+    assert out["primary"].n_pairs == 6
+    assert out["primary"].verdict == "supported"
+    assert out["primary_all_seeds"].n_pairs == 8
+    assert out["primary_all_seeds"].mean_difference == summary.primary.mean_difference
+    assert out["primary_all_seeds"].family.startswith("every seed")
+    early = [r for r in results if r["seed"] < 6]
+    before = amended_primary(alone, early, GridRecord.from_json(rec))  # no added seed finished yet
+    assert before == {"amendments": tuple(rec["amendments"]), "registered_seeds": 6}
+    import dataclasses
 
-    md = summary_markdown({**summary, **out})
+    md = summary_markdown(dataclasses.replace(summary, **out))
     assert "| registered seeds | k2_as_loss ends below k3_as_loss on kl |" in md
     assert "| every seed (not the verdict) |" in md
     assert "seeds 6 → 8, declared when seeds 0, 1, 2, 3, 4, 5 had started. why" in md
@@ -414,7 +418,7 @@ def test_amend_seeds_on_the_command_line_records_the_amendment_or_refuses_with_e
     rec = json.loads((out / "grid.json").read_text())
     rec["convergence"] = ConvergenceCriterion().as_dict()
     write_json(out / "grid.json", rec)
-    assert main(["compare", "--out", str(out), "--amend-seeds", "8"]) == 2  # no reason
+    assert main(["compare", "--out", str(out), "--amend-seeds", "8"]) == 2  # no reason (the older form of `amend`)
     assert main(["compare", "--out", str(out), "--amend-seeds", "8", "9", "--reason", "x"]) == 2  # a stray "9"
     assert json.loads((out / "grid.json").read_text())["seeds"] == 4  # nothing amended
     assert main(["compare", "--out", str(out), "--amend-seeds", "8", "--reason", "the se bound"]) == 0
@@ -472,6 +476,8 @@ def test_the_primary_hypothesis_is_tested_alone_and_the_rest_is_a_secondary_fami
     results = _grid_results()
     claim = parse_claim("k2_as_loss<k3_as_loss:kl")
     summary = summarize(results, methods, (0.5,), "sequence", 10, 6, primary=claim)
+    md = summary_markdown(summary)
+    summary = summary.to_json()
     p = summary["primary"]
     assert p["text"] == "k2_as_loss<k3_as_loss:kl"
     assert p["family"].startswith("primary")
@@ -483,18 +489,16 @@ def test_the_primary_hypothesis_is_tested_alone_and_the_rest_is_a_secondary_fami
     assert all(q["family"] == "secondary" for q in summary["predictions"])
     secondary = decide(prediction_tests(results, methods, 0.5, "exact_kl", exclude=claim))
     assert [q["p_adjusted"] for q in summary["predictions"]] == [q["p_adjusted"] for q in secondary]
-    from klgrad.compare.grid import summary_markdown
-
-    md = summary_markdown(summary)
     assert "## The primary hypothesis (pre-registered, tested alone)" in md
     assert "## The predictions (secondary)" in md
     assert "one secondary family of the" in md
     named = summarize(
         results, methods, (0.5,), "sequence", 10, 6, primary=parse_claim("k2_as_loss<k3_as_loss:exact_kl")
-    )
+    ).to_json()
     assert [q["claim"] for q in named["predictions"]] == [c[0] for c in kept]  # kl and exact_kl: the same claim
     # a primary claim that is not among the predictions leaves every prediction secondary
     other = summarize(results, methods, (0.5,), "sequence", 10, 6, primary=parse_claim("none<k3_as_loss:logp_gap"))
+    other = other.to_json()
     assert len(other["predictions"]) == len(kept) + 1
     assert other["primary"]["verdict"] == "opposite"
 
@@ -532,26 +536,31 @@ def test_convergence_met_by_flat_precise_runs_with_a_decaying_lr():
 
 def test_an_amended_grid_decides_convergence_once_at_its_amended_seed_count_not_at_the_first_merge_that_passes():
     n, crit = 40, ConvergenceCriterion(gap=0.08)
-    plain = {"convergence": crit.as_dict(), "steps": n, "seeds": 12}
-    amended = amend_seeds({**plain, "seeds": 4, "primary": "a<b:kl"}, 12, "se bound", [0, 1], "abc", AT[0])
+    plain = record(convergence=crit.as_dict(), steps=n, seeds=12)
+    amended = GridRecord.from_json(
+        amend_seeds({**plain, "seeds": 4, "primary": "a<b:kl"}, 12, "se bound", [0, 1], "abc", AT[0])
+    )
+    plain = GridRecord.from_json(plain)
 
     def data(seeds: int) -> dict[str, MethodRuns]:
         runs = MethodRuns(_runs(seeds, n, 0.3, noise=0.02), [_decaying_lr(n)] * seeds, list(range(seeds)))
         return {"a": runs, "b": runs}
 
-    assert grid_convergence(data(8), plain)["met"] is True  # a grid never amended: decided on what it has
-    interim = grid_convergence(data(8), amended)
+    assert grid_convergence(data(8), plain).met is True  # a grid never amended: decided on what it has
+    typed = grid_convergence(data(8), amended)
+    interim = typed.to_json()
     assert interim["met"] is None  # 8 of 12 seeds: the test passes, but it is not the verdict yet
     assert interim["so_far"] == {"met": True, "seeds": 8}
     assert interim["decided_at_seeds"] == 12
-    assert "not decided yet (decided once, at 12 seeds" in "\n".join(convergence_markdown({"convergence": interim}))
+    holder = Summary("sequence", n, 8, (0.5,), "exact_kl", None, {}, (), convergence=typed)
+    assert "not decided yet (decided once, at 12 seeds" in "\n".join(convergence_markdown(holder))
     assert verdict_text(interim) == "not decided (8 of 12 seeds; the test passes so far)"
-    final = grid_convergence(data(12), amended)
+    final = grid_convergence(data(12), amended).to_json()
     assert final["met"] is True
     assert "so_far" not in final
     assert verdict_text(final) == "met"
     noisy = {m: MethodRuns(_runs(12, n, 0.3, noise=1.0), d.lrs, d.seeds) for m, d in data(12).items()}
-    assert grid_convergence(noisy, amended)["met"] is False  # decided at 12, and failed
+    assert grid_convergence(noisy, amended).met is False  # decided at 12, and failed
 
 
 def test_convergence_not_met_by_a_trend_by_noise_by_sparse_logs_or_a_constant_lr():
@@ -614,9 +623,9 @@ def test_prune_keeps_the_newest_complete_checkpoints(tmp_path):
 
 
 def test_seed_lists():
-    assert parse_seed_list("4-7") == [4, 5, 6, 7]
-    assert parse_seed_list("0,2,5") == [0, 2, 5]
-    assert parse_seed_list("0-1,5,1") == [0, 1, 5]
+    assert parse_seed_list("4-7") == (4, 5, 6, 7)
+    assert parse_seed_list("0,2,5") == (0, 2, 5)
+    assert parse_seed_list("0-1,5,1") == (0, 1, 5)
     with pytest.raises(ValueError, match="--only-seeds"):
         parse_seed_list("a-b")
 
@@ -627,10 +636,13 @@ def test_cli_refuses_a_bad_primary_or_seed_list_before_any_run(tmp_path, capsys)
     assert "needs two different methods" in capsys.readouterr().err
     assert main(["compare", "--out", str(out), "--primary", "k2_as_loss<k3_as_loss:nope"]) == 2
     assert "metric 'nope'" in capsys.readouterr().err
-    assert main(["compare", "--out", str(out), "--only-seeds", "x"]) == 2
+    for bad in (["--only-seeds", "x"], ["--final-hook", "nohook"]):  # argparse errors: exit 2 naming the flag
+        with pytest.raises(SystemExit) as exit_:
+            main(["compare", "--out", str(out), *bad])
+        assert exit_.value.code == 2
+        assert f"argument {bad[0]}" in capsys.readouterr().err
     assert main(["compare", "--out", str(out), "--seeds", "4", "--only-seeds", "3-5"]) == 2
     assert "not all among the grid's seeds 0..3" in capsys.readouterr().err
-    assert main(["compare", "--out", str(out), "--final-hook", "nohook"]) == 2
     assert main(["compare", "--out", str(out), "--converge-metric", "kl/stepwise"]) == 2  # a metric the runs won't log
     assert "pass --train.log_stepwise_kl true" in capsys.readouterr().err
     assert not out.exists()

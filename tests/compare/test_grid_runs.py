@@ -10,17 +10,26 @@ import shutil
 import pytest
 
 import klgrad.compare.grid as grid_module
+import klgrad.compare.report as report_module
+import klgrad.compare.runs as runs_module
 from klgrad.cli import main
 from klgrad.compare.convergence import ConvergenceCriterion
 from klgrad.compare.design import GridMismatchError
-from klgrad.compare.grid import run_compare
+from klgrad.compare.grid import run_compare as run_grid
+from klgrad.compare.measurements import Measurement
 from klgrad.compare.merge import merge_grids
+from klgrad.compare.options import RunOptions
 from klgrad.compare.provenance import Revision, source_revision
 from klgrad.trainer import latest_checkpoint, read_jsonl, train
 from tests.helpers.tiny_runs import SMALL_GRID, small
 
 SMALL = {**SMALL_GRID, "train.threads": 1}  # one thread count whatever the load: reruns compared bit for bit
-KW = dict(exact_prompts=3, estimate_samples=4, progress=False, level="sequence", extra_overrides=SMALL)
+KW = dict(exact_prompts=3, estimate_samples=4, progress=False, level="sequence", overrides=SMALL)
+
+
+def run_compare(out, revision=None, **fields):
+    """:func:`klgrad.compare.grid.run_compare` of the options named by ``fields``."""
+    return run_grid(RunOptions.of(out, **fields), revision=revision)
 
 
 def stable(records: list[dict]) -> list[dict]:
@@ -56,7 +65,7 @@ def test_a_larger_steps_extends_every_run_and_leaves_the_earlier_steps_alone(tmp
         assert prov[0]["revision"] == source_revision().name
     grid = json.loads((out / "grid.json").read_text())
     assert (grid["steps"], grid["cadence_steps"], len(grid["sessions"])) == (4, 2, 2)
-    assert summary["steps"] == 4
+    assert summary.steps == 4
     saved = json.loads((out / "summary.json").read_text())
     assert saved["convergence"]["steps"] == 4
     assert saved["convergence"]["criterion"] == ConvergenceCriterion().text()
@@ -68,19 +77,19 @@ def test_a_larger_steps_extends_every_run_and_leaves_the_earlier_steps_alone(tmp
 def test_a_grid_killed_mid_run_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
     kw = dict(seeds=1, steps=4, methods=("k2_as_loss",), **KW)
     run_compare(tmp_path / "whole", **kw)
-    real = grid_module.train
+    real = runs_module.train
 
     def killed(cfg, **kwargs):  # the process dies after step 3 (its checkpoint written)
         real(cfg, stop_after=3, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(grid_module, "train", killed)
+    monkeypatch.setattr(runs_module, "train", killed)
     with pytest.raises(KeyboardInterrupt):
         run_compare(tmp_path / "cut", **kw)
     run = tmp_path / "cut" / "runs" / "k2_as_loss-beta0.5-seed0"
     assert not (run / "final.json").exists()
     assert [p.name for p in (run / "checkpoints").glob("step_*")] == ["step_000003"]  # periodic, newest kept
-    monkeypatch.setattr(grid_module, "train", real)
+    monkeypatch.setattr(runs_module, "train", real)
     run_compare(tmp_path / "cut", **kw)
     whole = tmp_path / "whole" / "runs" / "k2_as_loss-beta0.5-seed0"
     assert stable(read_jsonl(run / "metrics.jsonl")) == stable(read_jsonl(whole / "metrics.jsonl"))
@@ -95,22 +104,23 @@ def test_seeds_run_apart_merge_into_one_summary_and_another_revision_is_refused(
     kw = dict(seeds=2, steps=1, methods=("k2_as_loss", "k3_as_loss"), primary="k2_as_loss<k3_as_loss:kl", **KW)
     seen = []
 
-    def downstream(cfg, run_dir):  # a downstream evaluation needs the weights: they are still there
-        seen.append(latest_checkpoint(run_dir) is not None)
+    def downstream(ctx):  # a downstream evaluation needs the weights: they are still there
+        seen.append(latest_checkpoint(ctx.run_dir) is not None)
         return {"checkpoint_seen": seen[-1]}
 
+    measure = (Measurement("downstream", downstream),)
     run_compare(tmp_path / "a", only_seeds=[0], **kw)
-    run_compare(tmp_path / "b", only_seeds=[1], keep_checkpoints=False, final_hooks={"downstream": downstream}, **kw)
+    run_compare(tmp_path / "b", only_seeds=[1], checkpoints=False, measure=measure, **kw)
     assert seen == [True, True]
     for m in ("k2_as_loss", "k3_as_loss"):
         run_b = tmp_path / "b" / "runs" / f"{m}-beta0.5-seed1"
         assert not (run_b / "checkpoints").exists()  # deleted after final.json and the hook
         assert json.loads((run_b / "final.json").read_text())["downstream"] == {"checkpoint_seen": True}
     with pytest.raises(ValueError, match="no checkpoint left"):  # --no-checkpoints: cannot be extended
-        run_compare(tmp_path / "b", only_seeds=[1], keep_checkpoints=False, **{**kw, "steps": 2})
+        run_compare(tmp_path / "b", only_seeds=[1], checkpoints=False, **{**kw, "steps": 2})
     assert json.loads((tmp_path / "b" / "grid.json").read_text())["steps"] == 1  # refused before the record
 
-    summary = merge_grids([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    summary = merge_grids([tmp_path / "a", tmp_path / "b"], tmp_path / "m").summary
     saved = json.loads((tmp_path / "m" / "summary.json").read_text())
     assert sorted((r["method"], r["seed"]) for r in saved["runs"]) == [
         ("k2_as_loss", 0),
@@ -118,7 +128,7 @@ def test_seeds_run_apart_merge_into_one_summary_and_another_revision_is_refused(
         ("k3_as_loss", 0),
         ("k3_as_loss", 1),
     ]
-    assert summary["primary"]["n_pairs"] == 2  # one seed from each machine, paired
+    assert summary.primary.n_pairs == 2  # one seed from each machine, paired
     assert saved["revision"] == source_revision().name
     assert all(r["ran_on"] for r in saved["runs"])  # each run names the machine that trained it
     merged = json.loads((tmp_path / "m" / "grid.json").read_text())
@@ -160,9 +170,9 @@ def test_a_merge_of_listed_seeds_takes_each_seed_whole_and_later_files_of_runs_i
     assert main(["compare", "--merge", str(lane), "--only-seeds", "0", "1", "--out", str(out)]) == 2
     assert not out.exists()
 
-    summary = merge_grids([lane], out, seeds=[0])
+    merged = merge_grids([lane], out, seeds=[0])
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["k2_as_loss-beta0.5-seed0", "k3_as_loss-beta0.5-seed0"]
-    assert summary["skipped"] == []  # the other seeds' runs are not candidates at all
+    assert merged.skipped == ()  # the other seeds' runs are not candidates at all
     saved = json.loads((out / "summary.json").read_text())
     assert sorted((r["method"], r["seed"]) for r in saved["runs"]) == [("k2_as_loss", 0), ("k3_as_loss", 0)]
 
@@ -196,18 +206,18 @@ def test_a_merge_that_fails_part_way_leaves_the_grid_as_it_was(tmp_path, monkeyp
     run_compare(lane, only_seeds=[1], **kw)
     before = {name: (out / name).read_bytes() for name in ("grid.json", "summary.json", "summary.md")}
     runs_before = sorted(p.name for p in (out / "runs").iterdir())
-    real = grid_module.write_summary
+    real = report_module.write_summary
 
-    def failing(out_dir, record):
+    def failing(out_dir, record, figures=True):
         (out_dir / "summary.json").write_text("{}")  # half written
         raise ValueError("cannot summarise")
 
-    monkeypatch.setattr(grid_module, "write_summary", failing)
+    monkeypatch.setattr(report_module, "write_summary", failing)
     with pytest.raises(ValueError, match="cannot summarise"):
         merge_grids([lane], out, seeds=[1])
     assert {name: (out / name).read_bytes() for name in before} == before
     assert sorted(p.name for p in (out / "runs").iterdir()) == runs_before
-    monkeypatch.setattr(grid_module, "write_summary", real)
+    monkeypatch.setattr(report_module, "write_summary", real)
     merge_grids([lane], out, seeds=[1])
     record = json.loads((out / "grid.json").read_text())
     assert record["merged_from"][-1]["copied"] == {str(lane): ["k2_as_loss-beta0.5-seed1", "k3_as_loss-beta0.5-seed1"]}
@@ -307,16 +317,16 @@ def test_the_final_metrics_and_hooks_run_under_the_runs_thread_rule(tmp_path):
 
     seen = []
 
-    def hook(cfg, run_dir):
+    def hook(ctx):
         seen.append(((registry_dir() / str(os.getpid())).is_file(), torch.get_num_threads()))
         return {}
 
     before = torch.get_num_threads()
     try:
         for threads in ("auto", 1):
-            kw = {**KW, "extra_overrides": {**SMALL, "train.threads": threads}}
+            kw = {**KW, "overrides": {**SMALL, "train.threads": threads}}
             run_compare(tmp_path / str(threads), seeds=2, only_seeds=[0], steps=1, methods=("k2_as_loss",),
-                        final_hooks={"h": hook}, **kw)  # fmt: skip
+                        measure=(Measurement("h", hook),), **kw)  # fmt: skip
     finally:
         torch.set_num_threads(before)  # a fixed count stays set after training (the trainer's rule)
     assert seen[0][0]

@@ -1,19 +1,22 @@
-"""``python -m klgrad.eval.forgetting``: both KLs to the reference on chat prompts, for model folders and for
+"""``klgrad forgetting`` (formerly ``python -m klgrad.eval.forgetting``): both KLs to the reference on chat
+prompts, for model folders and for
 klgrad run directories (their checkpoint over their starting model)."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-
-from klgrad.eval.forgetting import main
+from klgrad.cli import main as cli_main
 from klgrad.models.sources import EMBEDDED_DIR
 from tests.helpers.run_dirs import make_run
 
 
+def main(argv: list[str]) -> int:
+    return cli_main(["forgetting", *argv])
+
+
 def test_module_entry_point_writes_both_kls(tmp_path, capsys):
-    """``python -m klgrad.eval.forgetting``: a model folder against itself on two prompts: 0 both ways, as JSON."""
+    """``klgrad forgetting``: a model folder against itself on two prompts: 0 both ways, as JSON."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "1+2="}\n{"prompt": "33+4="}\n', encoding="utf-8")
     model = str(EMBEDDED_DIR / "tiny_addition")
@@ -44,8 +47,19 @@ def test_module_entry_point_takes_a_run_directory(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["reverse_kl"] > 0
     assert out["forward_kl"] > 0
-    with pytest.raises(SystemExit):
-        main(["--policy", str(EMBEDDED_DIR / "tiny_addition"), *argv])
+    assert main(["--policy", str(EMBEDDED_DIR / "tiny_addition"), *argv]) == 2  # a model folder needs --reference
+    assert "--reference is needed" in capsys.readouterr().err
+
+
+def test_the_module_command_line_points_to_the_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "klgrad.eval.forgetting", "--policy", "x"], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "klgrad forgetting --policy" in done.stderr
 
 
 def test_it_takes_its_cpu_share_or_the_threads_given(tmp_path, monkeypatch, capsys):
@@ -55,7 +69,7 @@ def test_it_takes_its_cpu_share_or_the_threads_given(tmp_path, monkeypatch, caps
 
     import torch
 
-    import klgrad.eval.forgetting as forgetting
+    import klgrad.exact.estimators as estimators
     from klgrad.threads import registry_dir
 
     seen = []
@@ -64,7 +78,7 @@ def test_it_takes_its_cpu_share_or_the_threads_given(tmp_path, monkeypatch, caps
         seen.append(((registry_dir() / str(os.getpid())).is_file(), torch.get_num_threads()))
         return {}
 
-    monkeypatch.setattr(forgetting, "forgetting_kl", measure)
+    monkeypatch.setattr(estimators, "forgetting_kl", measure)  # klgrad.eval.forgetting imports it at call time
     model = str(EMBEDDED_DIR / "tiny_addition")
     before = torch.get_num_threads()
     assert main(["--policy", model, "--reference", model, "--device", "cpu"]) == 0

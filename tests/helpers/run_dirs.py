@@ -1,5 +1,5 @@
 """A klgrad run directory made without training: for the tests of what reads runs (``klgrad eval --model RUN``,
-``python -m klgrad.eval.forgetting --policy RUN``)."""
+``klgrad forgetting --policy RUN``)."""
 
 from __future__ import annotations
 

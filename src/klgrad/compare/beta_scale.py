@@ -1,4 +1,4 @@
-r"""``klgrad compare --beta-scale length``: every method at the same nominal KL strength.
+r"""``klgrad compare run --beta-scale length``: every method at the same nominal KL strength.
 
 A method's KL term is reduced by its own aggregation (``kl.aggregation``, a framework preset's or, for klgrad's
 heads, ``algo.aggregation``), the task reward's policy-gradient term by the grid's shared ``algo.aggregation``.
@@ -25,11 +25,12 @@ the responses' length moves, and a token mean's actual weight with it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from klgrad.choices import Aggregation
-from klgrad.config import Config
+
+if TYPE_CHECKING:
+    from klgrad.config import Config
 
 LENGTH_PROMPTS = 16
 """Training prompts L̄ is measured on (the first ones, in the data's order)."""
@@ -116,13 +117,15 @@ def beta_row(method: str, beta: float, cfg: Config, mean_length: float) -> dict:
     }
 
 
-@torch.no_grad()
 def mean_response_length(
     cfg: Config, prompts: int = LENGTH_PROMPTS, samples: int = LENGTH_SAMPLES, seed: int = LENGTH_SEED
 ) -> float:
     """L̄ = (1/(P·K)) Σ_i |y_i|: the reference's mean response length in tokens (the trainer's response mask,
     EOS included) over ``samples`` samples of each of the first ``prompts`` training prompts, at the rollout's
-    temperature and ``max_new_tokens``, on the CPU with a fixed ``seed``."""
+    temperature and ``max_new_tokens``, on the CPU with a fixed ``seed`` (``klgrad compare mean-length`` prints
+    it, for ``--beta-scale length=L`` on seeds run apart)."""
+    import torch
+
     from klgrad.models import load_model_and_tokenizer
     from klgrad.rollout.encoding import encode_prompts, uses_chat
     from klgrad.rollout.samplers import KlgradSampler
@@ -134,15 +137,16 @@ def mean_response_length(
     train_examples, _ = load_data(cfg)
     texts = [e.prompt for e in train_examples[:prompts]]
     ids, mask = encode_prompts(tok, texts, chat=uses_chat(cfg.data.prompt_format, tok))
-    out = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(
-        ref,
-        ids,
-        mask,
-        group_size=samples,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    with torch.no_grad():
+        out = KlgradSampler(tok.eos_token_id, tok.pad_token_id).generate(
+            ref,
+            ids,
+            mask,
+            group_size=samples,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature,
+            generator=torch.Generator().manual_seed(seed),
+        )
     return float(out.response_mask.sum(1).double().mean())
 
 
@@ -164,19 +168,5 @@ def settle_scale(scale: BetaScale | None, recorded: dict | None, cfg: Config) ->
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m klgrad.compare.beta_scale --config C [--dotted.key V ...]``: print L̄ of the config (with the
-    overrides) as :func:`mean_response_length` measures it, for ``--beta-scale length=L`` on seeds run apart."""
-    import argparse
-
-    from klgrad.config import load_config, parse_override_args
-
-    ap = argparse.ArgumentParser(prog="python -m klgrad.compare.beta_scale", description=main.__doc__)
-    ap.add_argument("--config", required=True)
-    args, rest = ap.parse_known_args(argv)
-    print(f"{mean_response_length(load_config(args.config, parse_override_args(rest))):.6g}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # the module's former command line: a pointer, not a silent no-op
+    raise SystemExit("python -m klgrad.compare.beta_scale --config C is now: klgrad compare mean-length --config C")

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+from klgrad.flags import option
+
 Series = Sequence[tuple[int, float]]
 """(step, value) pairs of one run, steps increasing."""
 
@@ -52,13 +54,27 @@ class MethodRuns(NamedTuple):
 class ConvergenceCriterion:
     """The stated criterion (module docstring); its fields are recorded in grid.json and summary.json."""
 
-    metric: str = "kl/k1"
-    gap: float | None = None
+    metric: str = option(
+        "kl/k1", "logged metric the convergence criterion reads (kl/k1: the training batch's sequence KL)",
+        aliases=("--converge-metric",), metavar="KEY",
+    )  # fmt: skip
+    gap: float | None = option(
+        None,
+        "the gap the grid must resolve: convergence needs the standard error of the last quarter's movement <= "
+        "gap/4 (without it that bound is not checked)",
+        aliases=("--converge-gap",),
+        metavar="NATS",
+    )
     window: float = 0.25
     max_log_gap: float = 0.1
     z: float = 2.0
     se_fraction: float = 0.25
-    lr_decay: float | None = 1 / 3
+    lr_decay: float | None = option(
+        1 / 3,
+        "the learning rate must decay over this last fraction of every run (none: drop the condition, a constant lr)",
+        const_aliases={"--converge-without-lr-decay": "none"},
+        metavar="FRACTION|none",
+    )
     before_decay: bool = True
 
     def text(self) -> str:

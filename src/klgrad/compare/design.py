@@ -1,4 +1,6 @@
-"""``OUT/grid.json``: a grid's design and provenance, written before any run and checked on every continuation.
+"""A grid's design: the methods it compares and the config overrides that make each (:func:`method_overrides`),
+its runs' folders (:func:`run_name`), and ``OUT/grid.json``, its design and provenance, written before any run and
+checked on every continuation (the record's fields: :class:`klgrad.compare.records.GridRecord`).
 
 It records the revision of the klgrad code that runs (:func:`klgrad.compare.provenance.source_revision`) and
 whether it runs pinned, the machine, the base config (its path, and the resolved fields every run shares), the
@@ -16,7 +18,7 @@ from the record; a primary hypothesis cannot be added once a run exists (it woul
 any run exists only the revision is checked.
 
 A grid with a primary hypothesis and runs takes more seeds than it was registered with only after an amendment
-(:func:`amend_seeds`, ``klgrad compare --out DIR --amend-seeds N --reason TEXT``), recorded in ``amendments`` with
+(:func:`amend_seeds`, ``klgrad compare amend --out DIR --seeds N --reason TEXT``), recorded in ``amendments`` with
 its time, the seeds that had started and why, and declared before any seed past the registered count has run: the
 primary hypothesis stays decided on the registered seeds (:func:`registered_seeds`), so adding seeds cannot be a
 second look at it.
@@ -24,13 +26,24 @@ second look at it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from klgrad.compare.provenance import same_code
 
+if TYPE_CHECKING:
+    from klgrad.config import Config
+
+METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")
+"""The paper's four heads (decoupled form at the grid's level) and ``k1_in_reward`` (combined form)."""
+EQUIVALENCE_MARGIN = 0.1
+"""δ of "k1_as_loss ≈ none" in nats of final KL(π‖π_ref), stated before any run (``--margin``). A margin taken from
+the same runs, such as ½·|KL_none − KL_k2|, would judge runs by a margin they set: on the discovery task it comes
+to ±1 nat, as wide as the effect regularisation has there."""
 GRID_FILE = "grid.json"
 FIXED_FIELDS = (
     "config",
@@ -54,6 +67,51 @@ STEP_FIELDS = ("steps", "eval_every", "save_every", "out_dir", "seed", "keep_che
 
 class GridMismatchError(ValueError):
     """A continuation or merge that does not agree with a grid's record (exit 2 on the command line)."""
+
+
+def method_overrides(method: str, level: str, beta: float) -> dict:
+    """Config overrides that make one method of the comparison: a klgrad head at ``level``, a user's
+    ``package.module:name``, or a framework preset id (``trl/grpo-k3``), which brings its own ``kl.level``,
+    ``kl.form`` and ``kl.aggregation`` (:func:`klgrad.audit.framework_head.preset_settings`; ``level`` does not
+    apply). ``k1_in_reward`` at level ``token`` uses ``token_to_go``, the per-token return form (a combined
+    coefficient must be a return)."""
+    from klgrad.choices import is_preset_id
+
+    if is_preset_id(method):  # an unknown id: a ValueError with the close matches
+        from klgrad.audit.framework_head import find_preset, preset_settings
+
+        settings = preset_settings(find_preset(method))
+        return {"kl.head": method, "kl.beta": beta, **{f"kl.{k}": v for k, v in settings.items()}}
+    if method == "none":
+        return {"kl.head": "none", "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    if method == "k1_in_reward":
+        return {
+            "kl.head": "k1_in_reward",
+            "kl.beta": beta,
+            "kl.form": "combined",
+            "kl.level": "token_to_go" if level == "token" else level,
+        }
+    if method in ("k1_as_loss", "k2_as_loss", "k3_as_loss"):
+        return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    if ":" in method:  # a user's head, package.module:name: in the reward when its style says so, else a loss
+        from klgrad.kl import get_kl_head
+
+        if get_kl_head(method).style == "in_reward":
+            return {**method_overrides("k1_in_reward", level, beta), "kl.head": method}
+        return {"kl.head": method, "kl.beta": beta, "kl.form": "decoupled", "kl.level": level}
+    raise ValueError(
+        f"unknown method {method!r}; choose from {METHODS}, a head's 'package.module:name' or a framework preset id"
+    )
+
+
+def with_beta(cfg: Config, beta: float) -> Config:
+    """``cfg`` with ``kl.beta`` = ``beta`` (a run of a ``--beta-scale`` grid measured at the grid's nominal β)."""
+    return dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, beta=beta))
+
+
+def run_name(method: str, beta: float, seed: int) -> str:
+    """The run's folder under ``runs/``: a preset id's ``/`` becomes ``+`` (one folder per run)."""
+    return f"{method.replace('/', '+')}-beta{beta:g}-seed{seed}"
 
 
 def now() -> str:
@@ -126,7 +184,7 @@ def amend_seeds(record: dict, seeds: int, reason: str, started: list[int], revis
         raise GridMismatchError("--reason: an amendment states why the seed count changes")
     now_allowed = allowed_seeds(record)
     if seeds <= now_allowed:
-        raise GridMismatchError(f"--amend-seeds {seeds}: the grid already has {now_allowed} seeds")
+        raise GridMismatchError(f"amend --seeds {seeds}: the grid already has {now_allowed} seeds")
     late = sorted(s for s in started if s >= now_allowed)
     if late:
         raise GridMismatchError(
@@ -149,7 +207,7 @@ def check_seed_count(record: dict, seeds: int, has_runs: bool, where: str) -> No
     if has_runs and record.get("primary") is not None and seeds > allowed_seeds(record):
         raise GridMismatchError(
             f"{where} was registered with {allowed_seeds(record)} seeds and a primary hypothesis; {seeds} seeds "
-            f"need an amendment declared first: klgrad compare --out {where} --amend-seeds {seeds} --reason TEXT"
+            f"need an amendment declared first: klgrad compare amend --out {where} --seeds {seeds} --reason TEXT"
         )
 
 

@@ -1,4 +1,4 @@
-"""``klgrad compare --merge DIR [DIR ...] --out OUT``: seeds of one grid run on several machines, into one grid.
+"""``klgrad compare merge DIR [DIR ...] --out OUT``: seeds of one grid run on several machines, into one grid.
 
 Each input is a grid folder (``grid.json`` and ``runs/``), typically the same design run with disjoint
 ``--only-seeds`` on different machines. Merging requires one revision (the same name or the same package
@@ -9,7 +9,7 @@ and seeds, every input's sessions and a ``merged_from`` list naming each input a
 trained on) and the summary of all runs. A run present in two inputs must have the same final.json in both; an
 unfinished run is left out and listed. Nothing is trained.
 
-``seeds`` (``--merge ... --only-seeds LIST``) merges only those seeds, each whole: a listed seed is refused while
+``seeds`` (``merge ... --only-seeds LIST``) merges only those seeds, each whole: a listed seed is refused while
 any of its runs in an input is unfinished, and, in a grid with a primary hypothesis, unless both of the primary's
 methods have finished it (a paired seed is merged with both halves or not at all). Long grids merge finished seeds
 from folders where the next seed is still training. A run merged earlier gets the files it has gained since (a
@@ -25,6 +25,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from klgrad.compare.design import (
@@ -34,9 +35,12 @@ from klgrad.compare.design import (
     allowed_seeds,
     now,
     read_grid,
+    run_name,
     write_json,
 )
 from klgrad.compare.provenance import same_code
+from klgrad.compare.records import GridRecord, Summary
+from klgrad.compare.runs import run_seed
 from klgrad.runlock import run_lock
 
 LEFT_BEHIND = ("checkpoints", "tb", ".klgrad.lock", ".*.tmp")
@@ -63,7 +67,7 @@ def check_mergeable(records: list[tuple[Path, dict]]) -> None:
         if r["seeds"] > allowed:
             raise GridMismatchError(
                 f"{d} records {r['seeds']} seeds; the grid has a primary hypothesis and may have {allowed}: declare "
-                f"the amendment first (klgrad compare --out OUT --amend-seeds {r['seeds']} --reason TEXT)"
+                f"the amendment first (klgrad compare amend --out OUT --seeds {r['seeds']} --reason TEXT)"
             )
 
 
@@ -121,16 +125,8 @@ def once(items: list[dict]) -> list[dict]:
     return out
 
 
-def run_seed(name: str) -> int | None:
-    """The seed of a run folder named by :func:`klgrad.compare.grid.run_name` (``METHOD-betaB-seedS``)."""
-    _, sep, tail = name.rpartition("-seed")
-    return int(tail) if sep and tail.isdigit() else None
-
-
 def check_whole_seeds(records: list[tuple[Path, dict]], seeds: list[int]) -> None:
     """Raise :class:`GridMismatchError` unless every seed in ``seeds`` can merge whole (module docstring)."""
-    from klgrad.compare.grid import run_name
-
     first = records[0][1]
     runs = [run for d, _ in records for run in (sorted((d / "runs").glob("*")) if (d / "runs").is_dir() else [])]
     primary = first.get("primary")
@@ -149,8 +145,16 @@ def check_whole_seeds(records: list[tuple[Path, dict]], seeds: list[int]) -> Non
             )
 
 
-def merge_grids(inputs: list[Path], out_dir: Path, seeds: list[int] | None = None) -> dict:
-    """Merge the grid folders ``inputs`` into ``out_dir`` (module docstring); returns the summary.
+@dataclass(frozen=True)
+class Merged:
+    """A merge's summary of every run now in the grid, and the unfinished runs it left out."""
+
+    summary: Summary
+    skipped: tuple[str, ...]
+
+
+def merge_grids(inputs: list[Path], out_dir: Path, seeds: list[int] | None = None) -> Merged:
+    """Merge the grid folders ``inputs`` into ``out_dir`` (module docstring).
 
     ``out_dir`` may already hold a grid of the same revision and design (it then counts as one more input), or be
     one of the inputs. ``seeds``: merge only these seeds' runs, each seed whole (refused otherwise). A merge that
@@ -189,10 +193,10 @@ ROLLED_BACK = (GRID_FILE, "summary.json", "summary.md")
 
 def merge_into(
     records: list[tuple[Path, dict]], out_dir: Path, seeds: list[int] | None, existing: dict | None, new_paths: list
-) -> dict:
+) -> Merged:
     """The body of :func:`merge_grids` under its lock: copy the runs, write grid.json and the summary; every path
     it creates is appended to ``new_paths`` as it is created."""
-    from klgrad.compare.grid import write_summary
+    from klgrad.compare.report import write_summary
 
     skipped: list[str] = []
     copied: dict[str, list[str]] = {}
@@ -237,5 +241,4 @@ def merge_into(
         ],
     }
     write_json(out_dir / GRID_FILE, record)
-    summary = write_summary(out_dir, record)
-    return {**summary, "skipped": skipped}
+    return Merged(write_summary(out_dir, GridRecord.from_json(record)), tuple(skipped))

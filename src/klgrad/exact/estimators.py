@@ -65,8 +65,9 @@ MIN_REF_SAMPLES = 256
 """Reference samples per prompt recommended for log Z: the rule-of-three blind spot q₉₅ ≈ 3/K is then ≈ 1.2%."""
 
 FORGETTING_MAX_NEW_TOKENS = 64
-"""Response cap of the chat-prompt KLs in ``klgrad compare --forgetting-samples``: both KLs are then of responses
-cut at 64 tokens (a haiku or two sentences fit; the longer answers are cut at the same place in both models)."""
+"""Response cap of the chat-prompt KLs (``klgrad forgetting``, a grid's ``forgetting`` measurement): both KLs are of
+responses cut at 64 tokens (a haiku or two sentences fit; the longer answers are cut at the same place in both
+models)."""
 
 UNSEEN_CONFIDENCE = 0.95
 """Confidence of the per-prompt limits on reward mass no reference sample reached."""
@@ -518,51 +519,3 @@ def stepwise_mean_se(
         generator=torch.Generator().manual_seed(seed),
     )  # (P·samples,)
     return clustered_mean_se(s, torch.arange(prompt_ids.shape[0]).repeat_interleave(samples))
-
-
-def optional_final_metrics(
-    policy,
-    ref,
-    tokenizer,
-    examples: Sequence,
-    specs: Sequence,
-    cfg,
-    samples: int,
-    optimum_ref_samples: int,
-    forgetting_samples: int,
-) -> dict:
-    """``klgrad compare``'s optional final metrics of a run (each off at 0), at the run's β, temperature and cap:
-
-    - ``optimum_ref_samples`` > 0 and β > 0: ``objective_sampled`` = :func:`estimate_kl_to_optimum` with
-      ``samples`` policy samples and that many reference samples per prompt of ``examples``, and its estimate as
-      ``kl_to_optimum_sampled``;
-    - ``forgetting_samples`` > 0: ``forgetting`` = :func:`forgetting_kl` on :func:`chat_prompts` with that many
-      samples per prompt, cut at :data:`FORGETTING_MAX_NEW_TOKENS`, and its two KLs as ``forgetting_reverse_kl``,
-      ``forgetting_forward_kl``.
-    """
-    from klgrad.rollout.encoding import uses_chat
-
-    out: dict = {}
-    tau = cfg.rollout.temperature
-    if optimum_ref_samples and cfg.kl.beta > 0:
-        est = estimate_kl_to_optimum(
-            policy,
-            ref,
-            tokenizer,
-            examples,
-            specs,
-            beta=cfg.kl.beta,
-            samples=samples,
-            ref_samples=optimum_ref_samples,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=tau,
-            chat=uses_chat(cfg.data.prompt_format, tokenizer),
-            reward_batch=cfg.rollout.prompts_per_step * cfg.rollout.group_size,
-            reward_timeout_s=cfg.reward.timeout_s,
-            reward_failure_value=cfg.reward.failure_value,
-        )
-        out.update(objective_sampled=est, kl_to_optimum_sampled=est["kl_to_optimum"])
-    if forgetting_samples:
-        f = forgetting_kl(policy, ref, tokenizer, chat_prompts(), forgetting_samples, FORGETTING_MAX_NEW_TOKENS, tau)
-        out.update(forgetting=f, forgetting_reverse_kl=f["reverse_kl"], forgetting_forward_kl=f["forward_kl"])
-    return out
