@@ -30,6 +30,20 @@ def _console():
     return console
 
 
+AUDIT_NAMES = (
+    "With --framework, 'klgrad equivalent' names the klgrad gradient a framework's KL equals, one name per "
+    "gradient: head@level (target). k2_as_loss@sequence (rkl) is the exact reverse-KL gradient; "
+    "k2_as_loss@token (local_rkl) is the per-step reverse KL, what TRL >= 1.10's default "
+    "(use_bias_correction_kl) differentiates to, not the sequence's; k3_as_loss@token (local_fkl) the per-step "
+    "forward KL; none@sequence (zero) no gradient. Heads with the same gradient go by the first of none, "
+    "k2_as_loss, then the registry (k1_in_reward at a level is named k2_as_loss there). '≈ name (error)': the "
+    "nearest, with its relative error; 'head@level/|y|': under a per-sequence token mean. Remedies print as "
+    "the framework's own flags or code, to paste."
+)
+"""The naming of ``klgrad audit --framework``'s gradients (its ``--help`` epilog; tests/audit check every name
+here is the audit's)."""
+
+
 def add_audit_parser(sub: argparse._SubParsersAction) -> None:
     """``klgrad audit``: the exact-enumeration gradient audit (:mod:`klgrad.audit`)."""
     a = sub.add_parser(
@@ -38,6 +52,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         description="Compute, by enumerating every response of small random tabular policies, the "
         "expected gradient of every (head, level, on/off-policy regime) and compare it "
         "with the exact reverse-KL gradient and the head's documented target.",
+        epilog=AUDIT_NAMES,
     )
     a.add_argument("--out", default="runs/audit", help="output folder (audit.json, audit.png, coefficients.*)")
     a.add_argument("--vocab", type=int, default=4, help="tokens per step, token 0 = EOS (default 4)")
@@ -132,11 +147,14 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console, d
                     console.print(f"  {p.id}: {zero}, so the switch alone adds no KL: set it", markup=False)
         else:
             console.print("\nDefaults by version:\n  " + "\n  ".join(defaults_summary(name) or ["none"]), markup=False)
-        from klgrad.audit.frameworks_doc import REMEDIES
+        from klgrad.audit.remedies import REMEDIES, remedy_lines, remedy_row
 
         for remedy in REMEDIES:
             if remedy.framework == name:
-                console.print(f"\nThe exact reverse-KL gradient in {name}: {remedy.flags}", markup=False)
+                row = remedy_row(remedy, rows) if remedy.preset in {r["id"] for r in rows} else None
+                console.print()
+                for line in remedy_lines(remedy, row):  # whole lines, never wrapped: they are pasted
+                    console.print(line, markup=False, soft_wrap=True, highlight=False)
     console.print(f"\nwrote {write_frameworks(rows, out)}")
     return 0
 
