@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from klgrad import __version__
+from klgrad.audit import AUDIT_NAMES
 from klgrad.choices import ACCURACY_REWARDS, AUDIT_DTYPES, ENGINES, FRAMEWORKS, MODEL_DTYPES
 from klgrad.completion import SHELLS, completion_script
 from klgrad.reproduce.targets import TARGETS
@@ -28,20 +29,6 @@ def _console():
     if not console.is_terminal:  # CI logs and pipes: wide enough for the audit tables
         console = Console(width=150)
     return console
-
-
-AUDIT_NAMES = (
-    "With --framework, 'klgrad equivalent' names the klgrad gradient a framework's KL equals, one name per "
-    "gradient: head@level (target). k2_as_loss@sequence (rkl) is the exact reverse-KL gradient; "
-    "k2_as_loss@token (local_rkl) is the per-step reverse KL, what TRL >= 1.10's default "
-    "(use_bias_correction_kl) differentiates to, not the sequence's; k3_as_loss@token (local_fkl) the per-step "
-    "forward KL; none@sequence (zero) no gradient. Heads with the same gradient go by the first of none, "
-    "k2_as_loss, then the registry (k1_in_reward at a level is named k2_as_loss there). '≈ name (error)': the "
-    "nearest, with its relative error; 'head@level/|y|': under a per-sequence token mean. Remedies print as "
-    "the framework's own flags or code, to paste."
-)
-"""The naming of ``klgrad audit --framework``'s gradients (its ``--help`` epilog; tests/audit check every name
-here is the audit's)."""
 
 
 def add_audit_parser(sub: argparse._SubParsersAction) -> None:
@@ -147,14 +134,9 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console, d
                     console.print(f"  {p.id}: {zero}, so the switch alone adds no KL: set it", markup=False)
         else:
             console.print("\nDefaults by version:\n  " + "\n  ".join(defaults_summary(name) or ["none"]), markup=False)
-        from klgrad.audit.remedies import REMEDIES, remedy_lines, remedy_row
+        from klgrad.audit.remedies import print_remedy
 
-        for remedy in REMEDIES:
-            if remedy.framework == name:
-                row = remedy_row(remedy, rows) if remedy.preset in {r["id"] for r in rows} else None
-                console.print()
-                for line in remedy_lines(remedy, row):  # whole lines, never wrapped: they are pasted
-                    console.print(line, markup=False, soft_wrap=True, highlight=False)
+        print_remedy(name, rows, console)
     console.print(f"\nwrote {write_frameworks(rows, out)}")
     return 0
 

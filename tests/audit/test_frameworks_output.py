@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from klgrad.audit import AUDIT_NAMES
 from klgrad.audit.frameworks import framework_rows, gradient_name, print_framework_table, select
 from klgrad.audit.presets import PRESETS
 from klgrad.audit.remedies import REMEDIES
 from klgrad.audit.run import AuditConfig, make_problem
-from klgrad.cli import AUDIT_NAMES, main
+from klgrad.cli import main
 from klgrad.config import load_config, parse_override_args
 from klgrad.kl import KL_HEADS
 from tests.helpers.extras import needs_extras

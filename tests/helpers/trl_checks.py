@@ -1,7 +1,8 @@
 """Shared by the tests of klgrad.integrations.trl (tests/integrations/test_trl*.py): the embedded tiny model as TRL
 loads it offline, a scored batch, trainers built the same way and the gradients of their losses.
 
-Imports TRL: a test module calls ``pytest.importorskip("trl", ...)`` before importing this. Works on every TRL the
+Imports TRL: a test module calls ``pytest.importorskip("trl", ...)`` before importing this, then binds the fixtures
+(``offline, model_dir, dataset, setup``) to names of its own, where pytest looks for them. Works on every TRL the
 integration supports (1.10–1.16): the log-probs whose gradients are compared are caught where every release
 returns them, GRPOTrainer's ``_get_per_token_logps_and_entropies``.
 """

@@ -27,6 +27,7 @@ pytest.importorskip("trl", reason=reason("trl"))  # the whole module runs TRL: s
 from trl import GRPOConfig, GRPOTrainer
 
 from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, aggregate_like_trl
+from tests.helpers import trl_checks
 from tests.helpers.trl_checks import (
     BETA,
     GROUP,
@@ -44,7 +45,12 @@ from tests.helpers.trl_checks import (
     set_mode,
 )
 
+# the shared fixtures, bound here so pytest finds them by name
+offline, model_dir, dataset, setup = trl_checks.offline, trl_checks.model_dir, trl_checks.dataset, trl_checks.setup
+
 pytestmark = pytest.mark.numerics
+
+
 # ----------------------------------------------------------------------------------------------------------
 # packaging and configuration
 

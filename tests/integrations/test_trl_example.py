@@ -19,7 +19,11 @@ from tests.helpers.tolerances import gamma
 pytest.importorskip("trl", reason=reason("trl"))
 
 from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig
+from tests.helpers import trl_checks
 from tests.helpers.trl_checks import make_trainer, policy_logps
+
+# the shared fixtures, bound here so pytest finds them by name
+offline, model_dir, dataset, setup = trl_checks.offline, trl_checks.model_dir, trl_checks.dataset, trl_checks.setup
 
 ROOT = Path(__file__).parents[2]
 G9 = gamma(9)

@@ -28,7 +28,11 @@ from tests.helpers.tolerances import gamma, llama_depth, network_tol
 
 pytest.importorskip("trl", reason=reason("trl"))
 from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, beta_conversion
+from tests.helpers import trl_checks
 from tests.helpers.trl_checks import BETA, GROUP, grads_of, loss_and_grad, make_trainer, policy_logps
+
+# the shared fixtures, bound here so pytest finds them by name
+offline, model_dir, dataset, setup = trl_checks.offline, trl_checks.model_dir, trl_checks.dataset, trl_checks.setup
 
 pytestmark = pytest.mark.numerics
 

@@ -167,6 +167,10 @@ framework's own default coefficient is not taken: **Sources** notes it); `kl.cli
 `kl.is_correction` do not apply, the record has its own ratio and clip. A preset whose reference is the behaviour
 policy (RPG's iterative reference, prime-rl) uses the behaviour log-probs as its reference. An unknown id is refused
 before anything is written, naming `kl.head` and the closest ids.
+
+The same ids train inside TRL's `GRPOTrainer`: `KLGradTRLConfig(head="verl/kl-loss-low-var-kl")`, the term reduced by
+its framework's aggregation with `GRPOConfig.beta` as that framework's coefficient ([trl.md](trl.md), “A framework's
+KL inside TRL”).
 """
 
 

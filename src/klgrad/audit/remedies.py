@@ -269,6 +269,17 @@ def remedy_lines(remedy: Remedy, row: dict | None) -> list[str]:
     ]
 
 
+def print_remedy(framework: str, rows: list[dict], console) -> None:
+    """``framework``'s remedy under ``klgrad audit --framework``'s tables, each line whole (never wrapped to the
+    terminal: it is pasted); the audited claim from ``rows`` when its preset is among them."""
+    for remedy in REMEDIES:
+        if remedy.framework == framework:
+            row = remedy_row(remedy, rows) if remedy.preset in {r["id"] for r in rows} else None
+            console.print()
+            for line in remedy_lines(remedy, row):
+                console.print(line, markup=False, soft_wrap=True, highlight=False)
+
+
 def remedy_markdown(remedy: Remedy) -> str:
     """A Markdown table cell (its ``|`` still to escape): each run of comment lines as one sentence of text, each
     line to paste as code, separated by line breaks."""

@@ -77,7 +77,14 @@ except ImportError as err:  # pragma: no cover - exercised by a test that hides 
 if (_problem := installed_trl_problem()) is not None:
     raise ImportError(_problem)
 
-from klgrad.audit.framework_head import KL_AGGREGATION, find_preset, penalty_sums, preset_settings, preset_term
+from klgrad.audit.framework_head import (
+    KL_AGGREGATION,
+    entry_text,
+    find_preset,
+    penalty_sums,
+    preset_settings,
+    preset_term,
+)
 from klgrad.audit.framework_kl import FrameworkKL
 from klgrad.choices import ShapingMethod, is_preset_id
 from klgrad.config import KLConfig, KLHeadOptions
@@ -282,14 +289,13 @@ class KLGradGRPOTrainer(GRPOTrainer):
                 )
 
     def _klgrad_describe(self) -> str:
-        """One line: what KL term trains, where it enters and what β is (``klgrad train`` prints the same)."""
+        """One line: what KL term trains, where it enters and what β is (``klgrad train`` prints such a line for a
+        preset too)."""
         cfg, beta = self.klgrad_config, float(self.beta)
         preset = self.klgrad_preset
         if preset is None:
             where = f"aggregated like loss_type {self.loss_type!r}" if cfg.form == "decoupled" else "in the reward"
             return f"KL: {cfg.head}, level {cfg.level}, {cfg.form} ({where}), β = GRPOConfig.beta {beta:g}"
-        from klgrad.audit.framework_head import entry_text
-
         line = f"KL: {preset.id} ({preset.variant}), {entry_text(preset)}; {beta_conversion(preset, self.loss_type)}"
         return line + (f"; not modelled: {preset.std_normalised}" if preset.std_normalised else "")
 
