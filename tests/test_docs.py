@@ -76,3 +76,27 @@ def test_relative_links_resolve(name):
         if "://" in link or (link in optional and not (page.parent / link).exists()):
             continue
         assert (page.parent / link).exists(), f"{name}: broken link {link}"
+
+
+def _prose(page: str) -> str:
+    """A page's text outside its code blocks."""
+    return re.sub(r"```.*?```", "", (ROOT / "docs" / page).read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_metrics_says_what_loss_kl_is_on_and_off_policy():
+    """Off-policy ``loss/kl`` is ``kl/k1`` and can be negative (−0.0225 seen in TRL with num_iterations=2): the row
+    says why, on- and off-policy, and the TRL page's metrics table points there."""
+    (row,) = [line for line in _prose("metrics.md").splitlines() if line.startswith("| `loss/kl` |")]
+    for words in ("On-policy", "Off-policy", "`kl/k2`", "`kl/k1`", "negative", "surrogate", "ρ = 1"):
+        assert words in row, words
+    (trl_row,) = [line for line in _prose("trl.md").splitlines() if line.startswith("| `loss/kl` |")]
+    assert "metrics.md" in trl_row
+    assert "negative" in trl_row
+
+
+def test_trl_page_states_the_bos_prefix_in_prose():
+    """The embedded model's prompts start with its BOS token: said in the text, not only in a code comment."""
+    prose = _prose("trl.md")
+    assert "**The BOS prefix.**" in prose
+    assert "`tokenizer.bos_token`" in prose
+    assert "tokenizer adds no BOS" in prose

@@ -1,7 +1,8 @@
 """README.md's first table, "What your framework's KL does", cell by cell against the audit: each row's default
 term is a preset that is its framework's default in the stated versions, its gradient is what the audit computes
 for that preset on-policy (the named target and the rel. error as printed), and its remedy is a preset or head that
-the audit finds exact, written with the framework's own flags of the remedy table of docs/frameworks.md."""
+the audit finds exact, written with the framework's own flags or code of its remedy (klgrad.audit.remedies, what `klgrad audit
+--framework` prints to paste)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from klgrad.audit.frameworks import fmt_error, framework_rows
-from klgrad.audit.frameworks_doc import REMEDIES
+from klgrad.audit.remedies import REMEDIES
 from klgrad.audit.presets import PRESETS
 from klgrad.audit.run import AuditConfig, make_problem
 
@@ -56,7 +57,7 @@ def test_each_framework_row_is_what_the_audit_computes(audit):
         assert f"rel. error {fmt_error(row['err_rkl'])}" in gradient, (pid, gradient, row["err_rkl"])
         assert ("token mean" in caveat) == (preset.aggregation == "token_mean" and preset.style == "loss")
         fw = preset.framework
-        flags = " ".join(m.flags for m in REMEDIES if m.framework == fw)
+        flags = " ".join(" ".join(m.paste) for m in REMEDIES if m.framework == fw)
         remedy_id = REMEDY_PRESETS[framework.split()[0]]
         assert audit[remedy_id]["err_rkl"] < 1e-12, remedy_id
         assert remedy_id in {m.preset for m in REMEDIES if m.framework == fw}

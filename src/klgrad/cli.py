@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from klgrad import __version__
+from klgrad.audit import AUDIT_NAMES
 from klgrad.choices import AUDIT_DTYPES, FRAMEWORKS, MODEL_DTYPES
 from klgrad.completion import SHELLS, completion_script
 from klgrad.reproduce.targets import TARGETS
@@ -39,6 +40,7 @@ def add_audit_parser(sub: argparse._SubParsersAction) -> None:
         description="Compute, by enumerating every response of small random tabular policies, the "
         "expected gradient of every (head, level, on/off-policy regime) and compare it "
         "with the exact reverse-KL gradient and the head's documented target.",
+        epilog=AUDIT_NAMES,
     )
     a.add_argument("--out", default="runs/audit", help="output folder (audit.json, audit.png, coefficients.*)")
     a.add_argument("--vocab", type=int, default=4, help="tokens per step, token 0 = EOS (default 4)")
@@ -133,11 +135,9 @@ def _audit_frameworks(name: str, version: str | None, cfg, out: Path, console, d
                     console.print(f"  {p.id}: {zero}, so the switch alone adds no KL: set it", markup=False)
         else:
             console.print("\nDefaults by version:\n  " + "\n  ".join(defaults_summary(name) or ["none"]), markup=False)
-        from klgrad.audit.frameworks_doc import REMEDIES
+        from klgrad.audit.remedies import print_remedy
 
-        for remedy in REMEDIES:
-            if remedy.framework == name:
-                console.print(f"\nThe exact reverse-KL gradient in {name}: {remedy.flags}", markup=False)
+        print_remedy(name, rows, console)
     console.print(f"\nwrote {write_frameworks(rows, out)}")
     return 0
 

@@ -25,8 +25,8 @@ from klgrad.audit.frameworks import (
     is_release_range,
     select,
 )
-from klgrad.audit.frameworks_doc import REMEDIES, remedy_row
 from klgrad.audit.presets import PRESETS
+from klgrad.audit.remedies import REMEDIES, remedy_row
 from klgrad.audit.run import AuditConfig, make_problem
 from klgrad.choices import FRAMEWORKS
 from tests.helpers.extras import needs_extras
@@ -418,7 +418,7 @@ def test_the_audit_verdicts_follow_from_the_math(rows):
         "openrlhf/kl-loss-unbiased-gradient",
         "tinker/kl-advantage",  # k1 per token into the advantage, no return: the same per-step term
     ):
-        assert row(rows, pid)["equals"] == "k1_in_reward@token (local_rkl)", pid
+        assert row(rows, pid)["equals"] == "k2_as_loss@token (local_rkl)", pid
     # off-policy, OpenRLHF's detached w·∇k2 and TRL's differentiable ρ·k3 have the same per-token gradient ρ·u
     # (w < 10 here): the same row, neither the per-step reverse KL (the prefixes are still π_old's)
     unbiased = row(rows, "openrlhf/kl-loss-unbiased-gradient", "off_policy")
@@ -428,7 +428,7 @@ def test_the_audit_verdicts_follow_from_the_math(rows):
     assert unbiased["equals"].startswith("≈")
     # ROLL 0.1.0's seq-mean-token-sum: the token-level KL in the reward with REINFORCE returns is a sum, exact
     assert row(rows, "roll/token-level-kl-reinforce-seq-mean-token-sum")["err_rkl"] < 1e-12
-    assert row(rows, "roll/token-level-kl-reinforce")["equals"] == "k1_in_reward@token_to_go/|y|"
+    assert row(rows, "roll/token-level-kl-reinforce")["equals"] == "k2_as_loss@token_to_go/|y|"
     # ... but GSPO's sequence-mean ratio is neither per-step KL
     assert row(rows, "trl/grpo-k3-bias-correction-gspo")["equals"].startswith("≈")
     # k1 as a loss has zero expected gradient under a token sum, and is a pure length term under 1/|y|
@@ -446,9 +446,9 @@ def test_the_audit_verdicts_follow_from_the_math(rows):
         assert row(rows, pid, aggregation="seq_mean")["equals"] == "E[(log(π/π_ref) − 1)/|y|]", pid
     # slime: --kl-coef with grpo is ignored; reinforce++ sums it, the per-sequence mean reweights it
     assert row(rows, "slime/kl-coef-grpo")["equals"] == "none@sequence/|y|"
-    assert row(rows, "slime/kl-coef-reinforce-pp")["equals"] == "k1_in_reward@token_to_go/|y|"
+    assert row(rows, "slime/kl-coef-reinforce-pp")["equals"] == "k2_as_loss@token_to_go/|y|"
     assert row(rows, "slime/kl-coef-reinforce-pp", aggregation="token_sum")["err_rkl"] < 1e-12
-    assert row(rows, "slime/kl-coef-reinforce-pp-baseline")["equals"] == "k1_in_reward@token/|y|"
+    assert row(rows, "slime/kl-coef-reinforce-pp-baseline")["equals"] == "k2_as_loss@token/|y|"
     # NeMo-RL's Reinforce++ k3 per token, no return: no KL gradient (0.87 relative error on this problem)
     assert row(rows, "nemo-rl/reinforce-pp-kl-in-reward")["err_rkl"] > 0.5
     # GAE with λ = 0.95 (zero critic) discounts the KL return: close to, but not, the reverse-KL gradient
@@ -532,7 +532,7 @@ def test_every_remedy_claim_holds_in_the_audit(remedy, all_rows):
         assert hit["err_fkl"] < 1e-12, remedy
     else:
         assert remedy.claim == "local_rkl"
-        assert hit["equals"] == "k1_in_reward@token (local_rkl)", remedy
+        assert hit["equals"] == "k2_as_loss@token (local_rkl)", remedy
     if hit is not None:
         assert hit["framework"] == remedy.framework
     assert {r.framework for r in REMEDIES} == {*FRAMEWORKS, "klgrad"}
@@ -589,7 +589,7 @@ def test_cli_writes_frameworks_json(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "low_var_kl" in out
     assert "In verl 0.7.1, switching the KL on" in out
-    assert "The exact reverse-KL gradient in verl:" in out
+    assert "The exact reverse-KL gradient in verl (Hydra overrides)" in out
     assert main(["audit", "--framework", "trl", "--out", str(tmp_path)]) == 0  # the installed TRL's version
     out = capsys.readouterr().out
     assert "the installed package trl is version" in out

@@ -155,7 +155,7 @@ def test_k1_and_k2_survive_every_dtype_and_k3_loses_u_near_zero(reports):
 def test_every_precision_remedy_survives_bfloat16():
     """The flags docs/frameworks.md lists under “Surviving bfloat16” (the exact reverse-KL ones) keep the gradient
     to one rounding in every dtype."""
-    from klgrad.audit.frameworks_doc import REMEDIES
+    from klgrad.audit.remedies import REMEDIES
 
     presets = tuple(BY_ID[m.preset] for m in REMEDIES if m.preset is not None and m.preset not in RHO_K3)
     for d in UNIT:

@@ -2,16 +2,15 @@
 
 (a) klgrad configured as TRL's own KL gives TRL's loss and gradient; (b) klgrad's heads inside TRL give klgrad
 core's gradient on the same tensors; (c) a real ``train()`` logs klgrad's metrics. Run with ``-s`` to see the
-measured max abs differences (quoted in docs/trl.md).
+measured max abs differences (quoted in docs/trl.md). The fixtures and helpers: tests/helpers/trl_checks.py; a
+framework preset's KL inside TRL: test_trl_presets.py; docs/trl.md's example: test_trl_example.py.
 """
 
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 import sys
-from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -20,199 +19,36 @@ from datasets import Dataset
 from torch import Tensor
 
 from klgrad import combined_advantages, kl_loss_per_sequence, policy_gradient_loss, shape_rewards
-from klgrad.data.tasks import make_splits
 from klgrad.models import load_model_and_tokenizer
 from tests.helpers.extras import reason
-from tests.helpers.tolerances import gamma, llama_depth, network_tol, sum_tol
+from tests.helpers.tolerances import gamma, sum_tol
 
 pytest.importorskip("trl", reason=reason("trl"))  # the whole module runs TRL: skipped without the extra
 from trl import GRPOConfig, GRPOTrainer
 
 from klgrad.integrations.trl import KLGradGRPOTrainer, KLGradTRLConfig, aggregate_like_trl
+from tests.helpers import trl_checks
+from tests.helpers.trl_checks import (
+    BETA,
+    GROUP,
+    LEVEL_NAMES,
+    LOSS_TYPES,
+    TERM,
+    Grads,
+    Recorder,
+    check,
+    grads_of,
+    loss_and_grad,
+    make_trainer,
+    max_abs,
+    policy_logps,
+    set_mode,
+)
+
+# the shared fixtures, bound here so pytest finds them by name
+offline, model_dir, dataset, setup = trl_checks.offline, trl_checks.model_dir, trl_checks.dataset, trl_checks.setup
 
 pytestmark = pytest.mark.numerics
-
-BETA = 0.5
-GROUP = 4
-TERM = 3.0
-"""Bound on a per-token loss term |A·ρ| + β·|k| in these batches (group-normalised |A| ≤ (G−1)/√G = 1.5)."""
-LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "luspo")
-LEVEL_NAMES = ("sequence", "token_to_go", "token")
-
-
-def partial_credit(prompts: list[str], completions: list[str], answer: list[str], **_: object) -> list[float]:
-    """1 for the exact answer, else half the share of answer characters in place: rewards vary within a group."""
-    return [
-        1.0 if c == a else 0.5 * sum(x == y for x, y in zip(c, a, strict=False)) / len(a)
-        for c, a in zip(completions, answer, strict=True)
-    ]
-
-
-class Recorder:
-    """A reward function that remembers what it returned (the raw R of the last batch)."""
-
-    def __init__(self) -> None:
-        self.last: list[float] = []
-        self.__name__ = "recorded_partial_credit"
-
-    def __call__(self, prompts: list[str], completions: list[str], **columns: object) -> list[float]:
-        self.last = partial_credit(prompts, completions, **columns)
-        return self.last
-
-
-# ----------------------------------------------------------------------------------------------------------
-# fixtures
-
-
-@pytest.fixture(scope="module")
-def offline() -> object:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("TRANSFORMERS_OFFLINE", "1")
-        yield
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory, offline: object) -> Path:
-    path = tmp_path_factory.mktemp("trl") / "tiny_addition"
-    shutil.copytree(Path(str(files("klgrad") / "assets" / "tiny_addition")), path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def dataset() -> Dataset:
-    train, _ = make_splits("addition", 16, 0, seed=0)
-    # the tiny model was fine-tuned on "<bos>" + prompt; TRL tokenizes the text as given
-    return Dataset.from_list([{"prompt": "<bos>" + e.prompt, "answer": e.answer} for e in train])
-
-
-def make_trainer(
-    cls: type[GRPOTrainer],
-    model: torch.nn.Module,
-    tokenizer: object,
-    dataset: Dataset,
-    out: Path,
-    *,
-    reward: object = partial_credit,
-    klgrad_config: KLGradTRLConfig | None = None,
-    **args: object,
-) -> GRPOTrainer:
-    base = {
-        "output_dir": str(out),
-        "per_device_train_batch_size": 2 * GROUP,
-        "num_generations": GROUP,
-        "max_completion_length": 6,
-        "beta": BETA,
-        "bf16": False,
-        "use_cpu": True,
-        "use_vllm": False,
-        "report_to": "none",
-        "save_strategy": "no",
-        "gradient_checkpointing": False,
-        "logging_steps": 1,
-        "seed": 0,
-    }
-    config = GRPOConfig(**{**base, **args})
-    extra = {} if klgrad_config is None else {"klgrad_config": klgrad_config}
-    return cls(
-        model=model, reward_funcs=reward, args=config, train_dataset=dataset, processing_class=tokenizer, **extra
-    )
-
-
-@pytest.fixture(scope="module")
-def setup(model_dir: Path, dataset: Dataset, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """A policy moved away from the reference (so the KL and its gradient are not 0), one scored batch and a
-    behaviour policy o = l + 0.2·noise (importance ratios around 1, some beyond the 0.2 clip).
-
-    TRL's forward returns float32 log-probs whatever the model's dtype, so the model stays float32; gradients are
-    compared w.r.t. those log-probs (absolute) and w.r.t. the parameters (relative to their largest entry).
-    """
-    model, tokenizer = load_model_and_tokenizer(model_dir, attn_implementation="eager")
-    out = tmp_path_factory.mktemp("trl_out")
-    trl_trainer = make_trainer(GRPOTrainer, model, tokenizer, dataset, out)  # builds the reference from disk
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.02 * torch.randn_like(p))
-    rows = [dataset[0]] * GROUP + [dataset[1]] * GROUP
-    torch.manual_seed(1)
-    inputs = trl_trainer._generate_and_score_completions(rows)
-    with torch.no_grad():
-        logp = policy_logps(trl_trainer, model, inputs)
-    old = logp + 0.2 * torch.randn_like(logp)
-    return {"model": model, "tokenizer": tokenizer, "out": out, "rows": rows, "inputs": inputs, "old": old}
-
-
-def params(model: torch.nn.Module) -> list[Tensor]:
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-class Grads:
-    """Gradients of one loss w.r.t. the per-token log-probs TRL's forward produced (B, L) and the parameters."""
-
-    def __init__(self, logp: Tensor, params: Tensor) -> None:
-        self.logp, self.params = logp, params
-
-    def diff(self, other: Grads) -> tuple[float, float]:
-        """(max |Δ| of the log-prob gradients, max |Δ| of the parameter gradients relative to their max)."""
-        rel = (self.params - other.params).abs().max() / self.params.abs().max()
-        return max_abs(self.logp, other.logp), float(rel)
-
-
-def grads_of(loss_fn: object, model: torch.nn.Module) -> tuple[float, Grads]:
-    """Run ``loss_fn()`` (one forward of ``model``); its value and gradients. The log-probs are caught by a
-    forward hook on the model (TRL's forward returns them as ``log_probs``)."""
-    seen: list[Tensor] = []
-    handle = model.register_forward_hook(lambda module, args, output: seen.append(output.log_probs))
-    try:
-        loss = loss_fn()
-    finally:
-        handle.remove()
-    assert len(seen) == 1
-    g_logp, *g_params = torch.autograd.grad(loss, [seen[0], *params(model)])
-    return float(loss.detach()), Grads(g_logp, torch.cat([g.reshape(-1) for g in g_params]))
-
-
-def loss_and_grad(trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict) -> tuple[float, Grads]:
-    """The trainer's loss on ``inputs`` and its gradients."""
-    return grads_of(lambda: trainer.compute_loss(model, inputs), model)
-
-
-def check(label: str, *, d_logp: float, d_param: float, **exact: float) -> None:
-    """Print the measured differences (quoted in docs/trl.md) and assert the tolerances derived below.
-
-    Both sides differentiate the same forward's log-probs, so only the loss arithmetic differs: per token ≤ 10
-    roundings of terms |A·ρ| + β·|k| ≤ TERM = 3, and a mean over ≤ 48 tokens. Loss (and advantages) of two such
-    computations differ by ≤ 2·γ_58·TERM ≈ 2.1e-5; ∂loss/∂logp per token by ≤ 2·γ_10·TERM ≈ 3.6e-6; parameter
-    gradients, the backward of those through the 4-layer model, by its rounding bound relative to their largest
-    entry (2·network_tol(2·(8·4 + 2), 512, 1) ≈ 2.2e-3).
-    """
-    parts = [f"max |Δ{name}| {value:.1e}" for name, value in exact.items()]
-    parts += [f"max |Δ∂loss/∂logp| {d_logp:.1e}", f"parameter gradients max |Δ|/max|g| {d_param:.1e}"]
-    print(f"\n{label}: " + ", ".join(parts))
-    for name, value in exact.items():
-        assert value <= 2 * sum_tol(58, TERM), name
-    assert d_logp <= 2 * gamma(10) * TERM
-    assert d_param <= 2 * network_tol(2 * llama_depth(4), 512, 1.0)
-
-
-def max_abs(a: Tensor, b: Tensor) -> float:
-    return float((a - b).abs().max())
-
-
-def policy_logps(trainer: GRPOTrainer, model: torch.nn.Module, inputs: dict) -> Tensor:
-    """TRL's forward: per-token log-probs of the completions, (B, T), with gradient."""
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    logp, _, _ = trainer._get_per_token_logps_and_entropies(model, ids, attention, inputs["completion_ids"].size(1))
-    return logp
-
-
-def set_mode(trainers: list[GRPOTrainer], model: torch.nn.Module, train: bool) -> None:
-    """Eval, or training mode inside an accumulation window of 2 (what Trainer's loop sets)."""
-    model.train(train)
-    for t in trainers:
-        t.current_gradient_accumulation_steps = 2
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -51,6 +51,37 @@ def _rel_error_floored(a: Tensor, b: Tensor, floor: float) -> float:
     return float((a - b).norm()) / max(float(b.norm()), floor)
 
 
+NAMED_FIRST: tuple[str, ...] = ("none", "k2_as_loss")
+"""One name per gradient: where several heads have the same expected gradient, the first of these is named, then
+the registry's order; at one head, the plainer level (sequence, token, token_to_go). ``none`` names a zero
+gradient; ``k2_as_loss`` every gradient of the reverse-KL family: ``k2_as_loss@sequence (rkl)`` is the exact one,
+``k2_as_loss@token (local_rkl)`` the per-step reverse KL (TRL ≥ 1.10's default, verl's ``mse``, DeepSeek's
+unbiased KL), never ``k1_in_reward@token``, a name readers know as exact."""
+
+
+LEVELS_IN_NAMING_ORDER: tuple[str, ...] = ("sequence", "token", "token_to_go")
+"""On ties, the plainer level is named."""
+
+
+def naming_order() -> list[str]:
+    """The heads in the order their gradients are named (:data:`NAMED_FIRST`, then the registry's)."""
+    return [*NAMED_FIRST, *(name for name in KL_HEADS if name not in NAMED_FIRST)]
+
+
+def gradient_name(head: str, level: str) -> str:
+    """The one name of the on-policy expected gradient of ``head`` at ``level`` under a token sum, as the audit
+    prints it: ``head@level (target)`` of the first head and level in naming order with the same target
+    (heads with one target have one expected gradient); ``head@level`` itself when it has no target."""
+    target = KL_HEADS[head].targets.get(level)
+    if target is None:
+        return f"{head}@{level}"
+    for name in naming_order():
+        for lv in LEVELS_IN_NAMING_ORDER:
+            if KL_HEADS[name].targets.get(lv) == target:
+                return f"{name}@{lv} ({target})"
+    raise AssertionError("unreachable: the head itself has the target")
+
+
 def audited_aggregation(aggregation: str) -> str:
     """``token_sum`` for the sum family (token mean, constant: β rescaled), ``seq_mean`` for itself."""
     return "token_sum" if aggregation in SUM_FAMILY else aggregation
@@ -75,8 +106,9 @@ def klgrad_gradients(problem, aggregation: str = "token_sum") -> dict[str, Tenso
         out["E[(log(π/π_ref) − 1)/|y|]"] = rkl - inv
         out["E[1/|y|]"] = inv
         out["E_ref[log(π_ref/π)/|y|]"] = exact_gradient(sp, "fkl_per_token", problem.theta, problem.ref)
-    for name, head in KL_HEADS.items():
-        for level in ("sequence", "token", "token_to_go"):  # on ties, the plainer level is named
+    for name in naming_order():  # on ties the first is named: one name per gradient
+        head = KL_HEADS[name]
+        for level in LEVELS_IN_NAMING_ORDER:
 
             def loss(logp: Tensor, behaviour: Tensor, head=head, level=level) -> Tensor:
                 per_seq = kl_loss_per_sequence(head, logp, ref_lp, sp.mask, level=level)
@@ -88,11 +120,11 @@ def klgrad_gradients(problem, aggregation: str = "token_sum") -> dict[str, Tenso
 
 
 def nearest_head(g: Tensor, table: dict[str, Tensor], scale: float, exact: float = 1e-9) -> str:
-    """``head@level (target)`` of the first entry of ``table`` (klgrad heads in registry then level order, then
-    the named targets) whose expected gradient ``g`` equals (relative error < ``exact``), else
-    ``≈ key (error)`` of the nearest one: the first in ``table`` order among those within a relative 1e-9 of the
-    smallest error, so that entries with the same expected gradient (``k1_as_loss@sequence`` and ``none``) tie by
-    order, not by float round-off."""
+    """``head@level (target)`` of the first entry of ``table`` (klgrad heads in :func:`naming_order` then level
+    order; under a per-sequence mean the named targets first) whose expected gradient ``g`` equals (relative error
+    < ``exact``), else ``≈ key (error)`` of the nearest one: the first in ``table`` order among those within a
+    relative 1e-9 of the smallest error, so that entries with the same expected gradient (``k1_as_loss@sequence``
+    and ``none``) tie by order, not by float round-off."""
     errors = {key: _rel_error_floored(g, ref, scale) for key, ref in table.items()}
     for key, err in errors.items():
         if err < exact:
@@ -304,15 +336,46 @@ def clamp_text(row: dict) -> str:
     return f"value capped at {row['clamped']}" if row["clamped"] else ""
 
 
+TABLE_COLUMNS: tuple[str, ...] = (
+    "preset", "setting", "versions", "aggregation", "regime", "err vs ∇RKL", "err vs ∇FKL", "klgrad equivalent",
+    "clamp",
+)  # fmt: skip
+"""The terminal table's columns."""
+WHOLE = ("preset", "aggregation", "regime", "err vs ∇RKL", "err vs ∇FKL", "klgrad equivalent")
+"""Columns whose cells are never broken: an id, a gradient's name or a number is pasted or read whole."""
+FOLDED = 12
+"""The narrowest the other columns (setting, versions, clamp) are folded to before the table gives way to records."""
+
+
+def _table_cells(rows: list[dict], version: str | None) -> list[tuple[str, ...]]:
+    by_id = {p.id: p for p in PRESETS}
+    return [
+        (
+            ("★ " if is_default(by_id[r["id"]], version) else "") + r["id"],
+            r["variant"],
+            r["versions"],
+            r["aggregation"],
+            r["regime"].replace("_", "-"),
+            fmt_error(r["err_rkl"]),
+            fmt_error(r["err_fkl"]),
+            r["equals"],
+            clamp_text(r),
+        )
+        for r in rows
+    ]
+
+
 def print_framework_table(rows: list[dict], console=None, version: str | None = None) -> None:
-    """Two rich tables: every preset at its framework's default aggregation (both regimes), then on-policy
-    under the other aggregation; defaults marked ★ (in ``version`` when given)."""
+    """Two tables: every preset at its framework's default aggregation (both regimes), then on-policy under the
+    other aggregation; defaults marked ★ (in ``version`` when given). Preset ids and gradient names are printed
+    whole at any width, so they can be pasted: in a rich table whose :data:`WHOLE` columns never wrap when the
+    console is wide enough for them, else as one record per row, each ``column: value`` on its own line (the
+    terminal may wrap a long line on screen; the text itself is never cut)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
-    by_id = {p.id: p for p in PRESETS}
     for title, keep in (
         ("at the framework's default aggregation", lambda r: r["framework_default_aggregation"]),
         (
@@ -320,40 +383,39 @@ def print_framework_table(rows: list[dict], console=None, version: str | None = 
             lambda r: not r["framework_default_aggregation"] and r["regime"] == "on_policy",
         ),
     ):
-        table = Table(title=f"What each framework's KL differentiates to, {title} (exact enumeration, float64, β = 1)")
-        for col in (
-            "preset",
-            "setting",
-            "versions",
-            "aggregation",
-            "regime",
-            "err vs ∇RKL",
-            "err vs ∇FKL",
-            "klgrad equivalent",
-            "clamp",
-        ):
-            table.add_column(col, justify="right" if col.startswith("err") else "left")
-        for r in rows:
-            if not keep(r):
-                continue
-            star = "★ " if is_default(by_id[r["id"]], version) else ""
-            cells = (
-                star + r["id"],
-                r["variant"],
-                r["versions"],
-                r["aggregation"],
-                r["regime"].replace("_", "-"),
-                fmt_error(r["err_rkl"]),
-                fmt_error(r["err_fkl"]),
-                r["equals"],
-                clamp_text(r),
+        title = f"What each framework's KL differentiates to, {title} (exact enumeration, float64, β = 1)"
+        cells = _table_cells([r for r in rows if keep(r)], version)
+        widths = [max([len(c[i]) for c in cells] + [len(col)]) for i, col in enumerate(TABLE_COLUMNS)]
+        table = Table(title=title)
+        for col, width in zip(TABLE_COLUMNS, widths, strict=True):
+            whole = col in WHOLE
+            table.add_column(
+                col,
+                justify="right" if col.startswith("err") else "left",
+                no_wrap=whole,
+                overflow="ellipsis" if whole else "fold",  # never reached for a whole column: its width is its own
+                min_width=width if whole else None,
             )
-            table.add_row(*map(escape, cells))
-        console.print(table)
+        for row in cells:
+            table.add_row(*map(escape, row))
+        # the whole columns at their widths, the others folded down to FOLDED characters; each column adds its
+        # padding and one border (2 + 1), the table one more border
+        shown = [w if col in WHOLE else min(w, FOLDED) for col, w in zip(TABLE_COLUMNS, widths, strict=True)]
+        needed = 1 + sum(w + 3 for w in shown)
+        if needed <= console.width:
+            console.print(table)
+            continue
+        console.print(title, markup=False, soft_wrap=True)
+        for row in cells:
+            console.print(row[0], markup=False, soft_wrap=True, highlight=False)
+            for col, cell in zip(TABLE_COLUMNS[1:], row[1:], strict=True):
+                if cell:
+                    console.print(f"    {col}: {cell}", markup=False, soft_wrap=True, highlight=False)
     console.print(
         "★ the framework's default KL when switched on"
         + (f" in version {version}" if version else "")
-        + "; errors are against the aggregation's divergence (per-sequence mean: E_π[log(π/π_ref)/|y|])",
+        + "; errors are against the aggregation's divergence (per-sequence mean: E_π[log(π/π_ref)/|y|]); "
+        "klgrad equivalent: the gradient's one name, head@level (target) (klgrad audit --help)",
         markup=False,
     )
 

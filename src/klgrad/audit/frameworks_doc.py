@@ -5,12 +5,11 @@ committed page differs from a fresh run), and a remedy per framework whose claim
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from klgrad.audit.framework_kl import AGGREGATIONS
 from klgrad.audit.frameworks import clamp_text, fmt_error, framework_rows, is_default, zero_weight_text
 from klgrad.audit.precision_doc import precision_markdown, short_cell
 from klgrad.audit.presets import PRESETS
+from klgrad.audit.remedies import REMEDIES, remedy_markdown, remedy_row
 from klgrad.audit.rounding import correctly_rounded
 from klgrad.audit.run import AuditConfig, make_problem
 from klgrad.choices import FRAMEWORKS
@@ -135,152 +134,6 @@ differentiated: not ∇JS, as k3 is not ∇KL).
 """
 
 
-@dataclass(frozen=True)
-class Remedy:
-    """One line of the remedy table: the flags, the preset and aggregation that back them, and what the audit
-    must show for the line to hold (``exact``: on-policy rel. error vs ∇RKL < 1e-12; ``local_rkl``: equals the
-    per-step reverse KL; ``exact_fkl``: off-policy, the forward KL to π_old exactly; ``none``: no claim)."""
-
-    framework: str
-    flags: str
-    preset: str | None
-    aggregation: str | None
-    claim: str
-
-
-REMEDIES: tuple[Remedy, ...] = (
-    Remedy(
-        "trl",
-        "`RLOOTrainer` with `beta > 0` (default 0.05) and one update per generation; for `GRPOTrainer`, "
-        "`klgrad.integrations.trl.KLGradGRPOTrainer` with `k2_as_loss` at `sequence` level ([trl.md](trl.md))",
-        "trl/rloo-k1-reward",
-        "token_sum",
-        "exact",
-    ),
-    Remedy(
-        "verl",
-        "`algorithm.use_kl_in_reward=True`, `algorithm.kl_penalty=kl` (default), `actor.use_kl_loss=False` "
-        "(default), `actor.loss_agg_mode=token-mean` (default), adv_estimator `gae` (default) or `grpo`; one "
-        "mini-batch per rollout. Off-policy: `actor.policy_loss.loss_mode: klgrad` ([verl.md](verl.md))",
-        "verl/kl-reward-gae",
-        "token_mean",
-        "exact",
-    ),
-    Remedy(
-        "openrlhf",
-        "the default: `--init_kl_coef > 0` (0.01) without `--use_kl_loss`, `--kl_estimator k1` (default), one "
-        "update per rollout; exact while |log π − log π_ref| ≤ 10 per token (0.8.6+ clamps beyond). As a loss, "
-        "`--algo.kl.use_loss --algo.kl.unbiased_gradient` (0.11.1+) is the per-step reverse KL on-policy",
-        "openrlhf/k1-reward",
-        "token_mean",
-        "exact",
-    ),
-    Remedy(
-        "slime",
-        "`--advantage-estimator reinforce_plus_plus --kl-coef β --normalize-advantages "
-        "--calculate-per-token-loss` (the default per-sequence mean makes it the per-token KL weighted by 1/|y|)",
-        "slime/kl-coef-reinforce-pp",
-        "token_sum",
-        "exact",
-    ),
-    Remedy(
-        "nemo-rl",
-        "GRPO has none: its KL loss (k3·e^{x − sg x}) is the per-step reverse KL. The GAE estimator with "
-        "`use_kl_in_reward: true`, `reference_policy_kl_type: k1`, `gae_lambda: 1` is exact",
-        "nemo-rl/gae-k1-in-reward",
-        "token_mean",
-        "exact",
-    ),
-    Remedy(
-        "deepseek-v3.2",
-        "a report, not a framework: its k3·π/π_old is the per-step reverse KL; the sequence-exact forms are k1 "
-        "in the reward summed over the response, or klgrad's `k2_as_loss` at sequence level",
-        "deepseek-v3.2/unbiased-kl",
-        "token_sum",
-        "local_rkl",
-    ),
-    Remedy(
-        "rpg",
-        "none towards a fixed reference; with `use_iterative_ref_model: true` (its scripts), `kl_loss_type: "
-        "rpg_fkl` or `rpg_ufkl` is the exact *forward* KL to π_old (a trust region)",
-        "rpg/fkl-iterative",
-        "token_mean",
-        "exact_fkl",
-    ),
-    Remedy(
-        "roll",
-        "`add_token_level_kl: true`, `kl_penalty: kl` (default), `adv_estimator: reinforce` or `grpo`, "
-        "`loss_agg_mode: token-mean` (the default since 0.1.1, `seq-mean-token-mean`, weights by 1/|y|; 0.1.0's "
-        "default `seq-mean-token-sum` is already a sum), `use_kl_loss: false`",
-        "roll/token-level-kl-reinforce",
-        "token_sum",
-        "exact",
-    ),
-    Remedy(
-        "areal",
-        "the default: `kl_ctl > 0` with a `ref` model configured, and `recompute_logprob: true`, "
-        "`use_decoupled_loss: false` so the KL uses the trainer's log-probs; exact while |u| ≤ 10",
-        "areal/k1-reward",
-        "token_mean",
-        "exact",
-    ),
-    Remedy(
-        "open-instruct",
-        "none (no KL in the reward): `kl_estimator: 1` (k2) or `3` (ρ·k1) is the per-step reverse KL, the "
-        "nearest it has; the default `2` (k3) is the per-step forward KL",
-        "open-instruct/k2-loss",
-        "token_mean",
-        "local_rkl",
-    ),
-    Remedy(
-        "torchtune",
-        "none: `GRPOSimpleLoss`'s k3 with a per-sequence mean; replacing its `per_token_kl` by "
-        "`klgrad.kl.kl_loss` with `k2_as_loss` at `sequence` level is exact",
-        None,
-        None,
-        "none",
-    ),
-    Remedy(
-        "prime-rl",
-        "none: no reference-model KL in its RL loss (the `kl_tau` term regularises towards the inference policy)",
-        None,
-        None,
-        "none",
-    ),
-    Remedy(
-        "skyrl",
-        "`use_kl_in_reward: true`, `use_kl_loss: false` (default true), `kl_estimator_type: k1` (default k3), "
-        "advantage estimator `grpo` (default), `loss_reduction: token_mean` (default)",
-        "skyrl/kl-reward-grpo-k1",
-        "token_mean",
-        "exact",
-    ),
-    Remedy(
-        "ms-swift",
-        "`kl_in_reward: true` (default for rloo and reinforce_plus_plus) with `loss_type: bnpo` or `dapo` (the "
-        "default `grpo` weights by 1/|y|)",
-        "ms-swift/kl-in-reward",
-        "token_sum",
-        "exact",
-    ),
-    Remedy(
-        "tinker",
-        "none: `kl_penalty_coef` adds k1 per token (the per-step reverse KL); `kl_discount_factor: 1` sums it "
-        "with its batch-mean baseline, which then depends on the length",
-        "tinker/kl-advantage",
-        "token_sum",
-        "local_rkl",
-    ),
-    Remedy(
-        "klgrad",
-        "`kl.head: k2_as_loss` (or `k1_in_reward`), `kl.level: sequence` or `token_to_go`: exact on- and off-policy",
-        None,
-        None,
-        "none",
-    ),
-)
-
-
 STUDIES = """## Trained head to head
 
 What these gradients do in training a real model — the frameworks' defaults, klgrad's exact head and the
@@ -319,6 +172,10 @@ framework's own default coefficient is not taken: **Sources** notes it); `kl.cli
 `kl.is_correction` do not apply, the record has its own ratio and clip. A preset whose reference is the behaviour
 policy (RPG's iterative reference, prime-rl) uses the behaviour log-probs as its reference. An unknown id is refused
 before anything is written, naming `kl.head` and the closest ids.
+
+The same ids train inside TRL's `GRPOTrainer`: `KLGradTRLConfig(head="verl/kl-loss-low-var-kl")`, the term reduced by
+its framework's aggregation with `GRPOConfig.beta` as that framework's coefficient ([trl.md](trl.md), “A framework's
+KL inside TRL”).
 """
 
 
@@ -339,17 +196,6 @@ def _zero_weight() -> str:
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
-
-
-def remedy_row(remedy: Remedy, rows: list[dict]) -> dict | None:
-    """The audit row behind a remedy: its preset at its aggregation, on-policy (off-policy for ``exact_fkl``)."""
-    if remedy.preset is None:
-        return None
-    regime = "off_policy" if remedy.claim == "exact_fkl" else "on_policy"
-    (hit,) = [
-        r for r in rows if r["id"] == remedy.preset and r["aggregation"] == remedy.aggregation and r["regime"] == regime
-    ]
-    return hit
 
 
 def findings(rows: list[dict]) -> str:
@@ -376,7 +222,7 @@ def findings(rows: list[dict]) -> str:
             )
         else:
             audited, err = f"`{remedy.preset}` ({remedy.aggregation})", fmt_error(row["err_rkl"])
-        lines.append(f"| {remedy.framework} | {_cell(remedy.flags)} | {audited} | {err} |")
+        lines.append(f"| {remedy.framework} | {_cell(remedy_markdown(remedy))} | {audited} | {err} |")
     return FINDINGS.format(
         k3_on=fmt_error(get("trl/grpo-k3")["err_rkl"]),
         k3_clamp=get("verl/kl-loss-low-var-kl")["zero_gradient"],
@@ -438,7 +284,7 @@ def _frameworks_markdown() -> str:
                 f"`{_cell(r['equals'])}` | {clamp_text(r)} | {_cell(short_cell(r))} |"
             )
     lines.append(findings(rows))
-    lines.append(precision_markdown([(m.framework, m.flags, m.preset) for m in REMEDIES if m.preset is not None]))
+    lines.append(precision_markdown([(m.framework, remedy_markdown(m), m.preset) for m in REMEDIES if m.preset]))
     lines.append(TRAINING)
     lines.append(STUDIES)
     lines.append("## Sources\n")

@@ -1,11 +1,11 @@
-r"""klgrad's KL heads inside TRL's ``GRPOTrainer`` (TRL >= 1.16).
+r"""klgrad's KL heads inside TRL's ``GRPOTrainer`` (TRL 1.10–1.16: :mod:`klgrad.integrations.trl_support`).
 
 :class:`KLGradGRPOTrainer` is a ``GRPOTrainer`` whose KL term is any klgrad head (:data:`klgrad.KL_HEADS` or a
 :func:`klgrad.custom_kl_head`), at any level (``sequence`` | ``token_to_go`` | ``token``), in either form
 (docs/math.md, sections “Where a head acts: level”, “How a head joins the reward: form” and “Off-policy:
-importance sampling and the clip side”). Everything else (generation, rewards, TRL's clipped policy loss and its
-``loss_type`` aggregation, logging) stays TRL's own code: the subclass overrides four hooks and calls
-``super()`` in each.
+importance sampling and the clip side”), or a framework's KL term (a preset id of ``klgrad audit --framework``,
+below). Everything else (generation, rewards, TRL's clipped policy loss and its ``loss_type`` aggregation,
+logging) stays TRL's own code: the subclass overrides four hooks and calls ``super()`` in each.
 
 β. The KL weight is TRL's own ``args.beta`` (``GRPOConfig(beta=...)``), the only β there is:
 :class:`KLGradTRLConfig` has no β. With ``beta != 0`` TRL builds the reference model and computes the reference
@@ -20,6 +20,15 @@ aggregated over sequences exactly as TRL aggregates its per-token loss for the c
 or ``steps_per_generation`` not a multiple of ``gradient_accumulation_steps``, or vLLM), the head is converted to
 its coefficient c, recomputed from the current log-probs, and applied as β·max(ρc, clip(ρ, 1-ε, 1+ε)c) with
 ρ the ``ratio_level`` importance ratio (docs/math.md, “Off-policy: importance sampling and the clip side”).
+
+A framework preset (``head="verl/kl-loss-low-var-kl"``): the term is the preset's own record,
+:func:`klgrad.audit.framework_head.preset_term`, the very term ``klgrad train --kl.head <id>`` trains and the audit
+differentiates, on TRL's log-probs (behaviour: TRL's ``old_per_token_logps``, on-policy the policy's own,
+detached), reduced by the preset framework's aggregation (:data:`klgrad.audit.framework_head.KL_AGGREGATION`),
+not by TRL's ``loss_type``: ``GRPOConfig.beta`` is that framework's KL coefficient on its own reduction (verl's
+``kl_loss_coef`` on its token mean, OpenRLHF's ``init_kl_coef`` on its reward-to-go). A batch-baseline preset's
+baseline is the penalty's token mean over the generation batch (all processes). The preset sets its level, form
+and ratio handling: :class:`KLGradTRLConfig` refuses any other of its options at a non-default value.
 
 Combined form (A = shape(R - β·C)): after TRL has generated and scored a batch, the advantages TRL computed
 from R are replaced by :func:`klgrad.objective.combined_advantages` of the raw summed reward R (TRL's
@@ -39,35 +48,51 @@ integration does not.
 
 Metrics, in TRL's logs (``trainer.state.log_history``): ``kl/k1``, ``kl/k2``, ``kl/k3`` (estimates of the
 sequence KL from the summed log-ratio), ``kl/logp_gap`` (mean l - r per token), ``kl/logp_gap_abs``; decoupled:
-``loss/kl`` (the KL loss as :func:`klgrad.kl_loss` gives it: mean over sequences, tokens summed, no β) and,
-off-policy, ``clip/kl_frac`` (share of tokens whose KL gradient the clip removed); combined:
-``kl/reward_penalty`` (mean β·C subtracted from R).
+``loss/kl`` (the KL loss as :func:`klgrad.kl_loss` gives it: mean over sequences, tokens summed, no β; off-policy
+the surrogate's value, docs/metrics.md) and, off-policy, ``clip/kl_frac`` (share of tokens whose KL gradient the
+clip removed; not for a preset, which clips by its own rule); combined: ``kl/reward_penalty`` (mean β·C
+subtracted from R).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+from pydantic import model_validator
 from torch import Tensor
+
+from klgrad.integrations.trl_support import INSTALL, installed_trl_problem
 
 try:
     from trl import GRPOTrainer
     from trl.models.utils import disable_gradient_checkpointing
 except ImportError as err:  # pragma: no cover - exercised by a test that hides trl
-    raise ImportError(
-        "klgrad.integrations.trl needs TRL (>= 1.16), which is not installed: pip install 'klgrad[trl]'"
-    ) from err
+    raise ImportError(f"klgrad.integrations.trl needs TRL, which is not installed: {INSTALL}") from err
+if (_problem := installed_trl_problem()) is not None:
+    raise ImportError(_problem)
 
-from klgrad.choices import ShapingMethod
+from klgrad.audit.framework_head import (
+    KL_AGGREGATION,
+    entry_text,
+    find_preset,
+    penalty_sums,
+    preset_settings,
+    preset_term,
+)
+from klgrad.audit.framework_kl import FrameworkKL
+from klgrad.choices import ShapingMethod, is_preset_id
 from klgrad.config import KLConfig, KLHeadOptions
-from klgrad.config.sections import Positive, record
+from klgrad.config.sections import Positive, record, require
 from klgrad.kl import KLHead, get_kl_head, kl_loss_per_sequence, level_coefficients
 from klgrad.objective import ObjectiveSpec, combined_advantages, objective_diagnostics
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["TRL_LOSS_TYPES", "KLGradGRPOTrainer", "KLGradTRLConfig", "aggregate_like_trl"]
 
@@ -84,6 +109,10 @@ class KLGradTRLConfig(KLHeadOptions):
     section (:class:`klgrad.config.KLHeadOptions`: head, level, form, clip_eps, ratio_level, is_correction; the
     same record, fields and rules), plus the combined form's shaping. β is TRL's ``args.beta``.
 
+    ``head`` may be a framework preset id (``openrlhf/k1-reward``): that framework's KL term trains (module
+    docstring); the preset sets level, form, ratio and clip itself, so those options, and the combined form's
+    shaping, must stay at their defaults, and an unknown id is refused with the closest ones.
+
     A pydantic dataclass: a bad value raises a ``ValueError`` (pydantic's ``ValidationError``) naming the field,
     and TRL's own ``TrlParser`` reads it beside ``GRPOConfig`` (``head`` is typed ``str``; a head object of yours:
     :func:`klgrad.register_kl_head` it and pass its name)."""
@@ -95,14 +124,77 @@ class KLGradTRLConfig(KLHeadOptions):
     std_max: Positive | None = None
     """Combined form: upper clip of the shaping's normalising stds (klgrad's algo.std_max; None: no clip)."""
 
+    @model_validator(mode="after")
+    def _preset_rules(self) -> KLGradTRLConfig:
+        if not is_preset_id(self.head):
+            return self
+        preset = find_preset(self.head)  # an unknown id: ValueError with the closest ids
+        defaults = {f.name: f.default for f in dataclasses.fields(KLGradTRLConfig) if f.name != "head"}
+        sets = ", ".join(f"{k} {v}" for k, v in preset_settings(preset).items())
+        require([
+            (getattr(self, name) == default, name,
+             f"{getattr(self, name)!r} does not apply to a framework preset: {preset.id} sets {sets} and its own "
+             f"ratio and clip; leave {name} at its default ({default!r})")
+            for name, default in defaults.items()
+        ])  # fmt: skip
+        return self
+
+    @property
+    def preset(self) -> FrameworkKL | None:
+        """The framework preset ``head`` names, or None for a klgrad head."""
+        return find_preset(self.head) if is_preset_id(self.head) else None
+
     @property
     def kl_head(self) -> KLHead:
+        """The klgrad head ``head`` names (a ValueError for a preset id: :attr:`preset` is its term)."""
         return get_kl_head(self.head)
 
+    @property
+    def active(self) -> bool:
+        """Whether there is a KL term at all (a preset, or a head other than ``none``)."""
+        return self.preset is not None or self.kl_head.style != "none"
+
     def kl_options(self, beta: float) -> KLConfig:
-        """The run-config ``kl`` record of these options at TRL's ``beta``."""
+        """The run-config ``kl`` record of these options at TRL's ``beta`` (a preset's with its settings, as
+        ``klgrad train`` records it)."""
         head = {f.name: getattr(self, f.name) for f in dataclasses.fields(KLHeadOptions)}
-        return KLConfig(**head, beta=beta)
+        settings = preset_settings(self.preset) if self.preset is not None else {}
+        return KLConfig(**{**head, **settings}, beta=beta)
+
+
+TRL_REDUCTION_OF: dict[str, str] = {"seq_mean_token_sum": "luspo", "token_mean": "dapo", "seq_mean_token_mean": "grpo"}
+"""The TRL ``loss_type`` whose reduction (:func:`aggregate_like_trl`) is klgrad's aggregation of a preset's term
+(:data:`klgrad.audit.framework_head.KL_AGGREGATION`): luspo's is the mean over sequences of token sums, dapo's the
+generation batch's token mean, grpo's the mean over sequences of per-sequence token means."""
+
+AGGREGATION_OF_LOSS_TYPE: dict[str, str] = {
+    "grpo": "seq_mean_token_mean", "sapo": "seq_mean_token_mean", "bnpo": "token_mean", "dapo": "token_mean",
+    "cispo": "token_mean", "vespo": "token_mean", "luspo": "seq_mean_token_sum", "dr_grpo": "constant",
+}  # fmt: skip
+"""How each TRL ``loss_type`` reduces per-token terms, as klgrad names it (``constant``: Σ_t / (B·L_max))."""
+
+
+def beta_conversion(preset: FrameworkKL, loss_type: str) -> str:
+    """What ``GRPOConfig.beta`` means for ``preset``'s term, and how it compares with TRL's own KL at the same
+    beta under ``loss_type`` (L̄: the batch's mean response length, L_max: ``max_completion_length``)."""
+    ours = KL_AGGREGATION[preset.aggregation]
+    coef = f" ({preset.coef_default[0]}, default {preset.coef_default[1]:g})" if preset.coef_default else ""
+    head = (
+        f"β = GRPOConfig.beta is {preset.framework}'s KL coefficient{coef} on its own reduction, {ours}; "
+        f"TRL's loss_type {loss_type!r} reduces the policy loss only"
+    )
+    trl = AGGREGATION_OF_LOSS_TYPE[loss_type]
+    factor = {
+        ("seq_mean_token_sum", "token_mean"): "L̄ times TRL's own KL at the same beta (beta/L̄ matches it)",
+        ("token_mean", "seq_mean_token_sum"): "1/L̄ times TRL's own KL at the same beta (beta·L̄ matches it)",
+        ("seq_mean_token_sum", "constant"): "L_max times TRL's own KL at the same beta (beta/L_max matches it)",
+        ("token_mean", "constant"): "about L_max/L̄ times TRL's own KL at the same beta",
+    }.get((ours, trl))
+    if ours == trl:
+        factor = "the weight of TRL's own KL at the same beta"
+    elif factor is None:  # one side weights each response by 1/|y|: no constant converts it
+        factor = "no constant multiple of TRL's own KL (a per-sequence mean weights each response by 1/|y|)"
+    return f"{head}: {factor}"
 
 
 def aggregate_like_trl(
@@ -162,9 +254,13 @@ class KLGradGRPOTrainer(GRPOTrainer):
             raise TypeError(f"klgrad_config must be a KLGradTRLConfig, got {type(self.klgrad_config).__name__}")
         self._klgrad_capture: list[Tensor] | None = None
         self._klgrad_rewards_per_func: Tensor | None = None
-        super().__init__(*args, **kwargs)
+        self.klgrad_preset = self.klgrad_config.preset
+        with _quiet_trl_deprecations():
+            super().__init__(*args, **kwargs)
         self._klgrad_check_trl_settings()
         self.klgrad_kl = self.klgrad_config.kl_options(float(self.beta))  # the KL record at TRL's β, made once
+        self.klgrad_summary = self._klgrad_describe()
+        logger.info(self.klgrad_summary)
 
     # ------------------------------------------------------------------------------------------------------
     # settings
@@ -173,9 +269,9 @@ class KLGradGRPOTrainer(GRPOTrainer):
         cfg = self.klgrad_config
         if self.loss_type not in TRL_LOSS_TYPES:
             raise ValueError(f"GRPOConfig.loss_type {self.loss_type!r} is not supported; use one of {TRL_LOSS_TYPES}")
-        if self.beta == 0.0 and cfg.kl_head.style != "none":
+        if self.beta == 0.0 and cfg.active:
             warnings.warn(
-                f"GRPOConfig.beta is 0: TRL builds no reference model, so the klgrad head {cfg.kl_head.name!r} is "
+                f"GRPOConfig.beta is 0: TRL builds no reference model, so the klgrad head {cfg.head!r} is "
                 "inactive and no KL metrics are logged. Set GRPOConfig.beta (it is klgrad's β).",
                 UserWarning,
                 stacklevel=3,
@@ -191,6 +287,17 @@ class KLGradGRPOTrainer(GRPOTrainer):
                     f"KLGradTRLConfig.shaping must be set for GRPOConfig.scale_rewards={self.scale_rewards!r} "
                     "(TRL's batch std of raw rewards has no exact klgrad twin; e.g. 'reinforce_pp_baseline')"
                 )
+
+    def _klgrad_describe(self) -> str:
+        """One line: what KL term trains, where it enters and what β is (``klgrad train`` prints such a line for a
+        preset too)."""
+        cfg, beta = self.klgrad_config, float(self.beta)
+        preset = self.klgrad_preset
+        if preset is None:
+            where = f"aggregated like loss_type {self.loss_type!r}" if cfg.form == "decoupled" else "in the reward"
+            return f"KL: {cfg.head}, level {cfg.level}, {cfg.form} ({where}), β = GRPOConfig.beta {beta:g}"
+        line = f"KL: {preset.id} ({preset.variant}), {entry_text(preset)}; {beta_conversion(preset, self.loss_type)}"
+        return line + (f"; not modelled: {preset.std_normalised}" if preset.std_normalised else "")
 
     @property
     def klgrad_shaping(self) -> str:
@@ -217,9 +324,14 @@ class KLGradGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         """TRL's rollout and scoring; in the combined form its advantages become shape(R - β·C), (B, T)."""
-        output = super()._generate_and_score_completions(inputs)
-        cfg = self.klgrad_config
-        if cfg.form == "combined" and cfg.kl_head.style != "none" and "ref_per_token_logps" in output:
+        with _quiet_trl_deprecations():
+            output = super()._generate_and_score_completions(inputs)
+        cfg, preset = self.klgrad_config, self.klgrad_preset
+        if "ref_per_token_logps" not in output:  # β = 0: no reference, no KL
+            return output
+        if preset is not None and preset.batch_baseline:
+            output["klgrad_kl_baseline"] = self._klgrad_preset_baseline(preset, output)  # 0-dim: never split
+        elif preset is None and cfg.form == "combined" and cfg.kl_head.style != "none":
             output["advantages"] = self._klgrad_combined_advantages(output)
         return output
 
@@ -235,9 +347,15 @@ class KLGradGRPOTrainer(GRPOTrainer):
         ref_logp = inputs["ref_per_token_logps"]  # (B, T)
         old_logp = inputs.get("old_per_token_logps")  # (B, T) or None (on-policy)
         mask = self._klgrad_mask(inputs)  # (B, T) bool
-        cfg = self.klgrad_config
+        cfg, preset = self.klgrad_config, self.klgrad_preset
         kl = None
-        if cfg.form == "decoupled" and cfg.kl_head.style != "none":
+        if preset is not None:
+            term = preset_term(preset, inputs.get("klgrad_kl_baseline"))
+            totals = term(logp, ref_logp, mask, old_logp)  # (B,)
+            reduction = TRL_REDUCTION_OF[KL_AGGREGATION[preset.aggregation]]
+            loss = loss + self.beta * self._aggregate_like_trl(totals, mask, inputs, reduction)
+            kl = totals.detach().mean()
+        elif cfg.form == "decoupled" and cfg.kl_head.style != "none":
             totals = kl_loss_per_sequence(
                 cfg.kl_head,
                 logp,
@@ -283,12 +401,15 @@ class KLGradGRPOTrainer(GRPOTrainer):
             mask = mask * inputs["tool_mask"]
         return mask.bool()
 
-    def _aggregate_like_trl(self, totals: Tensor, mask: Tensor, inputs: dict[str, Any]) -> Tensor:
+    def _aggregate_like_trl(
+        self, totals: Tensor, mask: Tensor, inputs: dict[str, Any], loss_type: str | None = None
+    ) -> Tensor:
+        """``totals`` (B,) reduced as TRL reduces its per-token loss for ``loss_type`` (default: the configured)."""
         train = self.model.training
         return aggregate_like_trl(
             totals,
             mask,
-            self.loss_type,
+            loss_type or self.loss_type,
             num_items_in_batch=inputs["num_items_in_batch"],
             max_completion_length=self.max_completion_length,
             accumulation_steps=self.current_gradient_accumulation_steps if train else 1,
@@ -307,11 +428,22 @@ class KLGradGRPOTrainer(GRPOTrainer):
         attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         train = self.model.training
         batch_size = self.args.per_device_train_batch_size if train else self.args.per_device_eval_batch_size
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        checkpointing = self.args.gradient_checkpointing_kwargs
+        with _quiet_trl_deprecations(), disable_gradient_checkpointing(self.model, checkpointing):
             logp, _, _ = super()._get_per_token_logps_and_entropies(
                 self.model, input_ids, attention_mask, completion_ids.size(1), batch_size=batch_size
             )
         return logp
+
+    @torch.no_grad()
+    def _klgrad_preset_baseline(self, preset: FrameworkKL, output: dict[str, Any]) -> Tensor:
+        """A batch-baseline preset's b: the penalty's token mean over the generation batch of every process, from
+        the behaviour log-probs (:func:`klgrad.audit.framework_head.penalty_sums`), a 0-dim float64 tensor."""
+        behaviour = self._klgrad_generation_logps(output)  # (B, T)
+        total, tokens = penalty_sums(preset, behaviour, output["ref_per_token_logps"], self._klgrad_mask(output))
+        sums = torch.tensor([total, tokens], dtype=torch.float64, device=behaviour.device)
+        sums = self.accelerator.reduce(sums, reduction="sum")
+        return sums[0] / sums[1].clamp(min=1.0)
 
     @torch.no_grad()
     def _klgrad_combined_advantages(self, output: dict[str, Any]) -> Tensor:
@@ -360,7 +492,9 @@ class KLGradGRPOTrainer(GRPOTrainer):
         """klgrad's KL diagnostics into TRL's ``_metrics`` (averaged over processes); ``kl``: the decoupled KL loss
         as :func:`klgrad.kl_loss` reports it (mean over sequences of the per-sequence loss, β not included)."""
         cfg = self.klgrad_config
-        spec = ObjectiveSpec(kl=self.klgrad_kl)  # KL only: TRL logs its own reward-head clip ratios
+        # KL only (TRL logs its own reward-head clip ratios); a preset clips by its own rule: no KL-clip share
+        kl_record = self.klgrad_kl if self.klgrad_preset is None else dataclasses.replace(self.klgrad_kl, head="none")
+        spec = ObjectiveSpec(kl=kl_record)
         adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)  # (B, T)
         diag = objective_diagnostics(logp, ref_logp, mask, adv, spec, old_logp=old_logp)
         names = {"kl_k1": "kl/k1", "kl_k2": "kl/k2", "kl_k3": "kl/k3"}
@@ -368,10 +502,20 @@ class KLGradGRPOTrainer(GRPOTrainer):
         values = {names[k]: diag[k] for k in names}
         if kl is not None:
             values["loss/kl"] = float(kl.detach())
-            if old_logp is not None and cfg.is_correction:
+            if old_logp is not None and cfg.is_correction and self.klgrad_preset is None:
                 values["clip/kl_frac"] = diag["kl_clip_frac"]
         stacked = torch.tensor(list(values.values()), dtype=torch.float64, device=logp.device)
         means = self.accelerator.gather(stacked[None]).mean(0).tolist()
         mode = "train" if self.model.training else "eval"
         for name, value in zip(values, means, strict=True):
             self._metrics[mode][name].append(value)
+
+
+@contextlib.contextmanager
+def _quiet_trl_deprecations() -> Iterator[None]:
+    """TRL (1.10–1.16) reads ``model.is_gradient_checkpointing``, which transformers >= 5.23 deprecates with a
+    FutureWarning on every generation step; the user can change nothing about it (``GRPOConfig`` has no say),
+    so it is silenced inside TRL's calls, and only it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
