@@ -1,8 +1,8 @@
 """README.md's first table, "What your framework's KL does", cell by cell against the audit: each row's default
 term is a preset that is its framework's default in the stated versions, its gradient is what the audit computes
 for that preset on-policy (the named target and the rel. error as printed), and its remedy is a preset or head that
-the audit finds exact, written with the framework's own flags or code of its remedy (klgrad.audit.remedies, what `klgrad audit
---framework` prints to paste)."""
+the audit finds exact, written with the framework's own flags or code of its remedy (klgrad.audit.remedies, what
+`klgrad audit --framework` prints to paste)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from klgrad.audit.frameworks import fmt_error, framework_rows
-from klgrad.audit.remedies import REMEDIES
 from klgrad.audit.presets import PRESETS
+from klgrad.audit.remedies import REMEDIES
 from klgrad.audit.run import AuditConfig, make_problem
 
 README = Path(__file__).resolve().parents[1] / "README.md"
