@@ -67,8 +67,8 @@ from klgrad.exact.objective import PRUNE
 from klgrad.plotting import pyplot, save
 from klgrad.rewards import accuracy_reward_name
 from klgrad.runlock import run_lock
+from klgrad.threads import cpu_threads
 from klgrad.trainer import latest_checkpoint, load_data, read_jsonl, reference_path, reward_specs, train
-from klgrad.trainer.loop import cpu_threads
 from klgrad.trainer.setup import resolve_device
 
 METHODS: tuple[str, ...] = ("none", "k1_as_loss", "k2_as_loss", "k3_as_loss", "k1_in_reward")

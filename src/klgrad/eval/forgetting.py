@@ -14,8 +14,7 @@ from pathlib import Path
 from klgrad.eval.models import load_eval_model, locate_model, run_config
 from klgrad.eval.run import resolve_eval_device
 from klgrad.exact.estimators import CHAT_PROMPTS, FORGETTING_MAX_NEW_TOKENS, chat_prompts, forgetting_kl
-from klgrad.threads import thread_setting
-from klgrad.trainer.loop import cpu_threads
+from klgrad.threads import cpu_threads, thread_setting
 
 
 def main(argv: list[str] | None = None) -> int:
