@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import importlib.resources
@@ -15,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from klgrad.choices import HEAD_RESOLVERS
 from klgrad.config import sections
 from klgrad.config.sections import AlgoConfig, Config, KLConfig, KLHeadOptions  # noqa: F401 (the records' home)
 
@@ -139,7 +141,8 @@ def parse_override_args(args: list[str]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """YAML file + dotted overrides (``{"kl.beta": 0.1}``) -> :class:`Config`, or a :class:`ConfigError` of all."""
+    """YAML file + dotted overrides (``{"kl.beta": 0.1}``) -> :class:`Config`, or a :class:`ConfigError` of all; its
+    ``kl.head`` resolved (:func:`resolve_heads`: a framework preset id becomes the KL term it denotes)."""
     p = None if path is None else resolve_config_path(path)
     if p is not None and not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -157,9 +160,18 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"{dotted}: {names[-1]} is not a section")
         node[name] = value
     try:  # JSON mode: strict types, yet sections are given as mappings
-        return _adapter(Config).validate_json(json.dumps(data, default=str))
+        cfg = _adapter(Config).validate_json(json.dumps(data, default=str))
     except ValidationError as e:
         raise ConfigError("\n".join(problem_lines(e.errors()))) from None
+    return resolve_heads(cfg)
+
+
+def resolve_heads(cfg: Config) -> Config:
+    """``cfg`` with its ``kl`` section through every registered resolver (:data:`klgrad.choices.HEAD_RESOLVERS`; the
+    package's: a framework preset id becomes its KL term, with the preset's level, form and aggregation); idempotent.
+    A resolver refuses an unknown name with a :class:`ConfigError` naming ``kl.head``."""
+    kl = functools.reduce(lambda kl, resolve: resolve(kl), HEAD_RESOLVERS, cfg.kl)
+    return cfg if kl is cfg.kl else dataclasses.replace(cfg, kl=kl)
 
 
 def resolve_config_path(path: str | Path) -> Path:

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from klgrad.audit.framework_head import resolve_preset
+from klgrad.choices import ResolvedHead
 from klgrad.config import Config
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.distributed import Dist, check_config
@@ -86,9 +86,9 @@ def train(
 ) -> dict:
     """Run (or resume) RL training as configured; returns the summary dict (also written to summary.json).
 
-    When ``kl.head`` is a framework preset id, the preset's ``kl.level``, ``kl.form`` and ``kl.aggregation``
-    replace the configured ones before anything else (:func:`klgrad.audit.framework_head.resolve_preset`): the
-    run's config.yaml records them, and a line on stderr says what the preset overrode.
+    ``cfg`` is as :func:`~klgrad.config.load_config` made it: a framework preset id is already its KL term, with the
+    preset's ``kl.level``, ``kl.form`` and ``kl.aggregation`` (config.yaml records them); a line on stderr says
+    what the preset set and overrode (the term's note).
 
     A resume refuses a config that differs from the run's recorded one outside
     :data:`~klgrad.trainer.setup.RESUMABLE` (:func:`~klgrad.trainer.setup.check_resume`), before anything is
@@ -108,9 +108,8 @@ def train(
     :class:`~klgrad.runlock.RunLockedError` and nothing in the directory is touched.
     """
     dist = Dist.from_env(cfg.model.device)  # the accelerator's placement: the same rule as resolve_device
-    cfg, preset_line = resolve_preset(cfg)  # kl.head a framework preset: its level, form, aggregation win
-    if preset_line and dist.is_main:
-        print(preset_line, file=sys.stderr, flush=True)
+    if isinstance(cfg.kl.head, ResolvedHead) and cfg.kl.head.note and dist.is_main:
+        print(cfg.kl.head.note, file=sys.stderr, flush=True)
     check_config(cfg, dist.world)
     if resume:
         check_resume(cfg, Path(cfg.train.out_dir))
