@@ -50,15 +50,17 @@ _HOME: dict[str, str] = {
 check) does not import torch."""
 
 
-def _framework_preset(kl):
+def _framework_preset(cfg):
     """``kl.head: <preset id>`` -> that framework's KL term (:func:`klgrad.audit.framework_head.resolve_head`): the
     library's presets registered as a user's package registers its own resolver, so ``import klgrad.config`` still
     loads no torch (the presets load on the first config that names one)."""
-    if not _choices.is_preset_id(kl.head):
-        return kl
+    if not _choices.is_preset_id(cfg.kl.head):
+        return cfg
+    import dataclasses
+
     from klgrad.audit.framework_head import resolve_head
 
-    return resolve_head(kl)
+    return dataclasses.replace(cfg, kl=resolve_head(cfg.kl))
 
 
 _choices.HEAD_RESOLVERS.append(_framework_preset)

@@ -39,10 +39,10 @@ class ResolvedHead:
 
 
 HEAD_RESOLVERS: list[Callable[[Any], Any]] = []
-"""``resolve(kl) -> kl``: functions that :func:`klgrad.config.load_config` applies in turn to the ``kl`` section of
-every config it makes; one turns a ``kl.head`` name it knows into a :class:`ResolvedHead` (setting the fields the name
-implies) and returns any other record unchanged. The package registers the framework presets' at import
-(``klgrad/__init__.py``); a user's package registers its own the same way."""
+"""``resolve(cfg) -> cfg``: functions that :func:`klgrad.config.load_config` applies in turn to every config it makes;
+one turns a ``kl.head`` name it knows into a :class:`ResolvedHead` (setting the fields the name implies) and returns
+any other config unchanged. The package registers the framework presets' at import (``klgrad/__init__.py``); a
+user's package registers its own the same way."""
 
 
 def is_preset_id(value: Any) -> bool:

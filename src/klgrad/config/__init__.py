@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import importlib.resources
@@ -141,8 +140,8 @@ def parse_override_args(args: list[str]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """YAML file + dotted overrides (``{"kl.beta": 0.1}``) -> :class:`Config`, or a :class:`ConfigError` of all; its
-    ``kl.head`` resolved (:func:`resolve_heads`: a framework preset id becomes the KL term it denotes)."""
+    """YAML file + dotted overrides (``{"kl.beta": 0.1}``) -> :class:`Config` (:func:`resolve_heads`), or a
+    :class:`ConfigError` of all."""
     p = None if path is None else resolve_config_path(path)
     if p is not None and not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -167,11 +166,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 
 def resolve_heads(cfg: Config) -> Config:
-    """``cfg`` with its ``kl`` section through every registered resolver (:data:`klgrad.choices.HEAD_RESOLVERS`; the
-    package's: a framework preset id becomes its KL term, with the preset's level, form and aggregation); idempotent.
-    A resolver refuses an unknown name with a :class:`ConfigError` naming ``kl.head``."""
-    kl = functools.reduce(lambda kl, resolve: resolve(kl), HEAD_RESOLVERS, cfg.kl)
-    return cfg if kl is cfg.kl else dataclasses.replace(cfg, kl=kl)
+    """``cfg`` through the registered resolvers (:data:`klgrad.choices.HEAD_RESOLVERS`: a framework preset id becomes
+    its KL term, with the preset's level, form and aggregation; an unknown id a :class:`ConfigError`). Idempotent."""
+    return functools.reduce(lambda resolved, resolve: resolve(resolved), HEAD_RESOLVERS, cfg)
 
 
 def resolve_config_path(path: str | Path) -> Path:
@@ -179,32 +176,3 @@ def resolve_config_path(path: str | Path) -> Path:
     p, parts = Path(path), Path(path).parts[1:] if Path(path).parts[:1] == ("configs",) else Path(path).parts
     shipped = importlib.resources.files("klgrad").joinpath("configs", *parts) if parts and ".." not in parts else None
     return Path(str(shipped)) if not (p.is_file() or p.is_absolute()) and shipped and shipped.is_file() else p
-
-
-def config_reference() -> str:
-    """Markdown table of every field (dotted name, schema, default, doc) from the JSON schema: it cannot drift."""
-    schema, defaults = json_schema(), to_dict(Config())
-    rows = ["| field | JSON schema | default | meaning |", "|" + "---|" * 4]
-    for section, ref in schema["properties"].items():
-        for name, node in schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"].items():
-            kind = json.dumps({k: v for k, v in node.items() if k not in ("default", "description", "title")})
-            cells = f"`{section}.{name}`", f"`{kind}`", f"`{defaults[section][name]!r}`", node["description"]
-            rows.append("| " + " | ".join(" ".join(c.split()).replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows)
-
-
-SCHEMA_FILE = "klgrad.schema.json"  # beside the shipped configs, each naming it on its first line for YAML editors
-INTRO = """# Configuration reference\n\nGenerated from `src/klgrad/config/sections.py` by `python -m klgrad.docs` (a
-test fails when it drifts); set fields in YAML sections or with dotted flags (`klgrad train --kl.beta 0.1`); what a
-resume may change: [reliability.md](reliability.md#1-a-killed-run-resumes-to-exactly-the-run-it-would-have-been).\n"""
-
-
-def schema_text() -> str:
-    """The JSON schema as written to ``klgrad/configs/klgrad.schema.json``."""
-    return json.dumps(json_schema(), indent=1, ensure_ascii=False) + "\n"
-
-
-def write_reference(path: str | Path = "docs/configuration.md") -> None:
-    """Regenerate docs/configuration.md and the configs' JSON schema (by ``python -m klgrad.docs``)."""
-    Path(path).write_text(f"{INTRO}\n{config_reference()}\n", encoding="utf-8")
-    (Path(str(importlib.resources.files("klgrad"))) / "configs" / SCHEMA_FILE).write_text(schema_text(), "utf-8")
