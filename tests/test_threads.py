@@ -18,6 +18,7 @@ from klgrad.config import ConfigError, load_config
 from klgrad.threads import (
     CpuShare,
     choose_threads,
+    cpu_threads,
     machine_busy_seconds,
     process_seconds,
     registry_dir,
@@ -25,7 +26,6 @@ from klgrad.threads import (
     usable_cores,
 )
 from klgrad.trainer import read_jsonl, train
-from klgrad.trainer.loop import cpu_threads
 from tests.helpers.tiny_runs import small
 
 LINUX = Path("/proc/stat").exists()

@@ -11,6 +11,7 @@ A KL regulariser is judged by the gradient it produces. The public API (every ex
 
 import importlib
 
+from klgrad import choices as _choices
 from klgrad.version import __version__ as __version__
 
 _HOME: dict[str, str] = {
@@ -47,6 +48,22 @@ _HOME: dict[str, str] = {
 }
 """Where each public name lives. They load on first use (PEP 562), so that ``import klgrad.config`` (a YAML
 check) does not import torch."""
+
+
+def _framework_preset(cfg):
+    """``kl.head: <preset id>`` -> that framework's KL term (:func:`klgrad.audit.framework_head.resolve_head`): the
+    library's presets registered as a user's package registers its own resolver, so ``import klgrad.config`` still
+    loads no torch (the presets load on the first config that names one)."""
+    if not _choices.is_preset_id(cfg.kl.head):
+        return cfg
+    import dataclasses
+
+    from klgrad.audit.framework_head import resolve_head
+
+    return dataclasses.replace(cfg, kl=resolve_head(cfg.kl))
+
+
+_choices.HEAD_RESOLVERS.append(_framework_preset)
 
 
 def __getattr__(name: str):

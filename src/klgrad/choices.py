@@ -4,6 +4,7 @@ loading a model library. The modules that implement each choice import its type 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 # KL heads and where they act (klgrad.kl)
@@ -31,6 +32,22 @@ PRESET_ID = r"[a-z0-9][a-z0-9.-]*/[a-z0-9][a-z0-9.-]*"
 checked against the presets when the trainer resolves it (the presets need torch, this module does not)."""
 
 
+class ResolvedHead:
+    """Base of what config load turns a ``kl.head`` name into (:data:`HEAD_RESOLVERS`): the object the name denotes,
+    say a framework preset's KL term (``klgrad.objective.KLTermHead``). The config holds the object and records its
+    ``name`` (config.yaml, ``to_dict``); ``note`` says what resolving it set, for the run to print."""
+
+    name: str
+    note: str
+
+
+HEAD_RESOLVERS: list[Callable[[Any], Any]] = []
+"""``resolve(cfg) -> cfg``: functions that :func:`klgrad.config.load_config` applies in turn to every config it makes;
+one turns a ``kl.head`` name it knows into a :class:`ResolvedHead` (setting the fields the name implies) and returns
+any other config unchanged. The package registers the framework presets' at import (``klgrad/__init__.py``); a
+user's package registers its own the same way."""
+
+
 def is_preset_id(value: Any) -> bool:
     """Whether ``value`` has a preset id's form, ``framework/name`` with ``framework`` in :data:`FRAMEWORKS`."""
     import re
@@ -56,12 +73,14 @@ class OrImportPath:
         return f"OrImportPath({list(self.choices)})"
 
     def accepts(self, value: Any) -> bool:
-        """A choice, a head registered in this process (``klgrad.register_kl_head``), ``package.module:name`` or a
-        preset id's form (:func:`is_preset_id`)."""
+        """A choice, a head registered in this process (``klgrad.register_kl_head``), ``package.module:name``, a
+        preset id's form (:func:`is_preset_id`) or what config load resolved one into (:class:`ResolvedHead`)."""
         import re
         import sys
 
         registered = getattr(sys.modules.get("klgrad.kl.heads"), "_REGISTERED", {})  # loaded only by a registrant
+        if isinstance(value, ResolvedHead):
+            return True
         return isinstance(value, str) and (
             value in self.choices
             or value in ANALYTIC_HEADS
@@ -83,7 +102,8 @@ class OrImportPath:
                 {"expected": [*self.choices, *ANALYTIC_HEADS], "frameworks": list(FRAMEWORKS)},
             )
 
-        return core_schema.no_info_plain_validator_function(check)
+        name = core_schema.plain_serializer_function_ser_schema(lambda v: v.name if isinstance(v, ResolvedHead) else v)
+        return core_schema.no_info_plain_validator_function(check, serialization=name)  # a resolved head: its name
 
     def __get_pydantic_json_schema__(self, schema: Any, handler: Any) -> dict[str, Any]:
         return {

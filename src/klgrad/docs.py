@@ -8,10 +8,13 @@ committed files equal what this module generates: the docs cannot drift from the
 
 from __future__ import annotations
 
+import importlib.resources
+import json
 from pathlib import Path
 from typing import get_args
 
 from klgrad.choices import AGGREGATIONS, FORMS, LEVELS, RATIO_LEVELS, SHAPING_METHODS, SHAPING_PRESETS
+from klgrad.config import Config, json_schema, to_dict
 from klgrad.kl import KL_HEADS, KLHead, Target
 
 NOTATION_TEXT: tuple[str, ...] = (
@@ -382,15 +385,50 @@ def math_markdown() -> str:
     )
 
 
+# ----------------------------------------------------------------------------------------------------------
+# docs/configuration.md and the shipped JSON schema, from the config's JSON schema
+
+
+def config_reference() -> str:
+    """Markdown table of every field (dotted name, schema, default, doc) from the JSON schema: it cannot drift."""
+    schema, defaults = json_schema(), to_dict(Config())
+    rows = ["| field | JSON schema | default | meaning |", "|" + "---|" * 4]
+    for section, ref in schema["properties"].items():
+        for name, node in schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"].items():
+            kind = json.dumps({k: v for k, v in node.items() if k not in ("default", "description", "title")})
+            cells = f"`{section}.{name}`", f"`{kind}`", f"`{defaults[section][name]!r}`", node["description"]
+            rows.append("| " + " | ".join(" ".join(c.split()).replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(rows)
+
+
+SCHEMA_FILE = "klgrad.schema.json"  # beside the shipped configs, each naming it on its first line for YAML editors
+CONFIG_INTRO = (
+    "# Configuration reference\n\nGenerated from `src/klgrad/config/sections.py` by `python -m klgrad.docs` (a\n"
+    "test fails when it drifts); set fields in YAML sections or with dotted flags (`klgrad train --kl.beta 0.1`); "
+    "what a\nresume may change: "
+    "[reliability.md](reliability.md#1-a-killed-run-resumes-to-exactly-the-run-it-would-have-been).\n"
+)
+
+
+def schema_text() -> str:
+    """The JSON schema as written to ``klgrad/configs/klgrad.schema.json``."""
+    return json.dumps(json_schema(), indent=1, ensure_ascii=False) + "\n"
+
+
+def write_config_reference(path: str | Path = "docs/configuration.md") -> None:
+    """Regenerate docs/configuration.md and the configs' JSON schema (by ``python -m klgrad.docs``)."""
+    Path(path).write_text(f"{CONFIG_INTRO}\n{config_reference()}\n", encoding="utf-8")
+    (Path(str(importlib.resources.files("klgrad"))) / "configs" / SCHEMA_FILE).write_text(schema_text(), "utf-8")
+
+
 def write_all(root: str | Path = ".") -> list[Path]:
     """Regenerate docs/math.md, docs/configuration.md and docs/frameworks.md under ``root``; returns the paths."""
     from klgrad.audit.frameworks_doc import frameworks_markdown
-    from klgrad.config import write_reference
 
     docs = Path(root) / "docs"
     math_path, config_path, frameworks_path = docs / "math.md", docs / "configuration.md", docs / "frameworks.md"
     math_path.write_text(math_markdown(), encoding="utf-8")
-    write_reference(config_path)
+    write_config_reference(config_path)
     frameworks_path.write_text(frameworks_markdown(), encoding="utf-8")
     return [math_path, config_path, frameworks_path]
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from klgrad.advantages import leave_one_out_scale, shape_rewards
-from klgrad.choices import AGGREGATIONS, Aggregation, Level, RewardRatioLevel
+from klgrad.choices import AGGREGATIONS, Aggregation, Level, ResolvedHead, RewardRatioLevel
 from klgrad.config import AlgoConfig, KLConfig, KLHeadOptions
 from klgrad.kl import (
     MAX_LOG_RATIO,
@@ -50,8 +50,34 @@ if TYPE_CHECKING:
 
 KLTerm = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]
 """``term(logp, ref_logp, mask, old_logp) -> (B,)``: a decoupled KL term's per-sequence token totals Σ_t (β not
-included; ``old_logp`` None on-policy), in place of a head's :func:`klgrad.kl.kl_loss_per_sequence`: a framework
-preset's term (:func:`klgrad.audit.framework_head.preset_term`), built by the trainer from its record."""
+included; ``old_logp`` None on-policy), in place of a head's :func:`klgrad.kl.kl_loss_per_sequence`."""
+
+
+@dataclass(frozen=True, eq=False)
+class KLTermHead(ResolvedHead):
+    """``kl.head`` given as its decoupled KL term: what config load turns a framework preset id into
+    (:mod:`klgrad.audit.framework_head`). The term's own rule reads the log-probs (its ratio, clamps, clip and entry
+    point), so ``kl.level``, ``kl.clip_eps``, ``kl.ratio_level`` and ``kl.is_correction`` do not apply; it is
+    reduced by the KL aggregation. Equal to another of the same name (two loads of one config are equal)."""
+
+    name: str
+    """What the config records (``kl.head`` in config.yaml): the preset id."""
+    term: Callable[[float | None], KLTerm]
+    """``term(baseline)``: the :data:`KLTerm`, given the batch's baseline b when :attr:`baseline_sums` is set."""
+    baseline_sums: Callable[[Tensor, Tensor, Tensor], tuple[float, float]] | None = None
+    """``(behaviour_logp, ref_logp, mask) -> (Σ, count)`` over rows (B, T): b = Σ / count over the whole step's
+    batch (every rank), from the behaviour log-probs; None: the term takes no baseline."""
+    note: str = ""
+    """What resolving it set and overrode (``klgrad train`` prints it)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KLTermHead) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __str__(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -67,8 +93,8 @@ class ObjectiveSpec:
     """The policy-gradient options (:class:`klgrad.config.AlgoConfig`)."""
     max_log_ratio: float = MAX_LOG_RATIO
     """Cap of importance log-ratios in value (overflow guard; gradients pass unchanged)."""
-    kl_term: KLTerm | None = None
-    """The decoupled KL term when ``kl.head`` is a framework preset (:data:`KLTerm`); None: the head's."""
+    kl_baseline: float | None = None
+    """The batch baseline of a :class:`KLTermHead` that takes one (its :attr:`~KLTermHead.baseline_sums`)."""
 
     def __post_init__(self) -> None:
         if not self.max_log_ratio > 0:
@@ -79,11 +105,16 @@ class ObjectiveSpec:
         return get_kl_head(self.kl.head)
 
     @property
+    def term_head(self) -> KLTermHead | None:
+        """``kl.head`` when it is given as its term (:class:`KLTermHead`), else None."""
+        return self.kl.head if isinstance(self.kl.head, KLTermHead) else None
+
+    @property
     def kl_active(self) -> bool:
-        """Whether the loss has a separate KL term: decoupled, β > 0, and a preset's term or a head other than
+        """Whether the loss has a separate KL term: decoupled, β > 0, and a term head or a head other than
         ``none``."""
         decoupled = self.kl.form == "decoupled" and self.kl.beta > 0
-        return decoupled and (self.kl_term is not None or self.head.style != "none")
+        return decoupled and (self.term_head is not None or self.head.style != "none")
 
     @property
     def kl_aggregation(self) -> Aggregation:
@@ -264,8 +295,9 @@ def policy_objective(
 ) -> ObjectiveTerms:
     r"""loss = agg(w ⊙ reward head) + β·agg'(KL head, decoupled only) - entropy_coef·agg(entropy).
 
-    agg is ``algo.aggregation``, agg' the KL term's (``kl.aggregation``, default agg). The KL term is
-    ``spec.kl_term`` when set (a framework preset's), else the head's :func:`klgrad.kl.kl_loss_per_sequence`.
+    agg is ``algo.aggregation``, agg' the KL term's (``kl.aggregation``, default agg). The KL term is a
+    :class:`KLTermHead`'s own (a framework preset's) at ``spec.kl_baseline``, else the head's
+    :func:`klgrad.kl.kl_loss_per_sequence`.
 
     Args:
         logp, ref_logp, mask: (B, T); ``logp`` carries gradient.
@@ -305,8 +337,8 @@ def policy_objective(
     pg = aggregate(pg_per_token, mask, **agg)
     kl = torch.zeros((), dtype=pg.dtype)
     kl_agg = {**agg, "mode": spec.kl_aggregation}
-    if spec.kl_active and spec.kl_term is not None:
-        kl = aggregate_totals(spec.kl_term(logp, ref_logp, mask, old_logp), mask, **kl_agg)
+    if spec.kl_active and spec.term_head is not None:
+        kl = aggregate_totals(spec.term_head.term(spec.kl_baseline)(logp, ref_logp, mask, old_logp), mask, **kl_agg)
     elif spec.kl_active and spec.head.style == "analytic":
         if next_token_kl is None:
             raise ValueError(f"kl.head {spec.head.name} needs next_token_kl (klgrad.logprobs.logprobs_and_next_kl)")
@@ -387,7 +419,7 @@ def objective_diagnostics(
     dual = (a < 0) & (ratio > spec.pg.dual_clip) if spec.pg.dual_clip is not None else torch.zeros_like(mask)
     out["dual_clip_frac"] = float((dual & mask).sum() / n_tok)
     out["kl_clip_frac"] = 0.0
-    head_active = spec.kl_active and spec.kl_term is None  # a preset's term clips by its own rule
+    head_active = spec.kl_active and spec.term_head is None  # a term head clips by its own rule
     if head_active and spec.kl.is_correction and spec.kl.clip_eps is not None:
         per_decision = spec.kl.ratio_level == "per_decision"  # then each term c_t has its own prefix ratio
         coef = level_coefficients(spec.head, l, r, mask, "token" if per_decision else spec.kl.level)  # (B, T)

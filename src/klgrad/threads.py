@@ -24,16 +24,20 @@ still holds). A fixed ``train.threads: N`` turns all of this off (needed for bit
 rounding depends on how it is split across threads); ``train.threads: null`` leaves torch's own setting
 (``OMP_NUM_THREADS``, else one thread per core).
 
-A leaf module: no klgrad or torch import; the trainer applies the number with ``torch.set_num_threads``.
+The policy, in one place: :func:`training_threads` around a training run (the share re-decided before every step by
+:func:`adapt_threads`), :func:`cpu_threads` around work outside training (an evaluation, a grid's final metrics, a
+forgetting measurement). A leaf module: no klgrad import, and torch only inside the functions that set its count.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,3 +209,79 @@ class CpuShare:
         self._last = (now, busy, ours) if busy is not None else None
         self.other_busy = other
         return choose_threads(self.cores, other, len(pids))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the policy: what a run and the work beside it do with torch's thread count
+
+
+@contextlib.contextmanager
+def shared_cpu() -> Iterator[CpuShare]:
+    """Register this process as a klgrad process sharing the CPU (:class:`CpuShare`), take its first share (only
+    the split among klgrad processes: no load is known yet), and give torch its previous thread count back at the
+    end (a library call leaves the caller's setting as it found it)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        with CpuShare() as cpu:
+            # set even when unchanged: torch.set_num_threads also turns MKL's dynamic thread count off, which a
+            # process that never calls it keeps on (measured ~7% slower steps alone, bench/contention.py)
+            torch.set_num_threads(cpu.threads())
+            yield cpu
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def training_threads(setting: int | str | None) -> Iterator[CpuShare | None]:
+    """``train.threads`` around a training run: ``"auto"`` the share of :func:`shared_cpu`, re-decided before every
+    step (:func:`adapt_threads`) and given back at the end; an int N sets N threads and leaves them set (a fixed
+    count is the caller's choice: bit-identical reruns need it); None leaves torch's setting. Yields the share
+    (auto) or None."""
+    if setting == "auto":
+        with shared_cpu() as cpu:
+            yield cpu
+        return
+    if setting is not None:
+        import torch
+
+        torch.set_num_threads(int(setting))
+    yield None
+
+
+@contextlib.contextmanager
+def cpu_threads(setting: int | str | None) -> Iterator[CpuShare | None]:
+    """Work outside training (an evaluation, a grid's final metrics, a forgetting measurement) under the thread
+    rule of ``train.threads``: ``"auto"`` registers this process as a klgrad process sharing the CPU and takes its
+    share once, at entry (:func:`shared_cpu`: beside a training run on 2 cores, one thread each instead of both
+    fighting over both cores); an int N runs with N threads; None leaves torch's setting. Torch's thread count is
+    given back at the end."""
+    if setting == "auto":
+        with shared_cpu() as cpu:
+            yield cpu
+        return
+    if setting is None:
+        yield None
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(int(setting))
+        yield None
+    finally:
+        torch.set_num_threads(before)
+
+
+def adapt_threads(cpu: CpuShare | None) -> int:
+    """Before a training step: with a share (``train.threads: auto``) set torch's thread count to this process's
+    share of the free cores (decided from the load since the previous call). Returns the thread count in force
+    (the record's ``cpu/threads``)."""
+    import torch
+
+    if cpu is not None:
+        n = cpu.threads()
+        if n != torch.get_num_threads():
+            torch.set_num_threads(n)
+    return torch.get_num_threads()

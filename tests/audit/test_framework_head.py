@@ -36,11 +36,12 @@ from klgrad.audit.framework_head import (
     find_preset,
     preset_settings,
     preset_term,
-    resolve_preset,
+    resolve_head,
 )
 from klgrad.audit.frameworks import audited_aggregation
 from klgrad.audit.presets import PRESETS
-from klgrad.config import ConfigError, load_config
+from klgrad.config import ConfigError, load_config, resolve_heads
+from klgrad.objective import KLTermHead
 from klgrad.trainer import Batch, update
 from tests.helpers.tiny_llama import tiny_llama64
 from tests.helpers.tolerances import llama_depth, network_tol
@@ -89,8 +90,9 @@ def audit_step(preset, batch: Batch) -> dict[str, torch.Tensor]:
 
 
 def train_step(head: str, batch: Batch) -> dict[str, torch.Tensor]:
-    """Weights after one :func:`update` (SGD, lr 1) from the policy of seed 10, ``kl.head`` = ``head``."""
-    cfg, _ = resolve_preset(config(head))
+    """Weights after one :func:`update` (SGD, lr 1) from the policy of seed 10, ``kl.head`` = ``head`` (the loaded
+    config's: the preset's KL term)."""
+    cfg = config(head)
     policy = tiny_llama64(seed=10, attn="sdpa").train()
     update(policy, torch.optim.SGD(policy.parameters(), lr=1.0), batch, cfg, LOGPROBS)
     return {k: v.detach().clone() for k, v in policy.named_parameters()}
@@ -116,14 +118,22 @@ def test_every_preset_is_a_case():
 
 
 def test_the_preset_sets_level_form_and_aggregation_and_says_what_it_overrode():
+    """Config load makes the preset id its KL term (:func:`resolve_head`, through :func:`resolve_heads`): the term
+    named by the id, the preset's settings, and a note saying what it overrode."""
     cfg = config("openrlhf/k1-reward", **{"kl.form": "combined", "kl.level": "sequence"})
-    effective, line = resolve_preset(cfg)
-    kl = effective.kl
+    kl, line = cfg.kl, cfg.kl.head.note
+    assert isinstance(kl.head, KLTermHead)
+    assert kl.head.name == "openrlhf/k1-reward"
     assert (kl.level, kl.form, kl.aggregation) == ("token_to_go", "decoupled", "token_mean")
     assert "overriding kl.level sequence, kl.form combined, kl.aggregation null" in line
-    assert resolve_preset(effective)[0] == effective  # idempotent
-    assert "overriding" not in resolve_preset(effective)[1]
-    assert resolve_preset(config("k3_as_loss")) == (config("k3_as_loss"), None)
+    assert resolve_heads(cfg) == cfg  # idempotent
+    assert resolve_head(kl) is kl
+    recorded = {f"kl.{k}": v for k, v in preset_settings(find_preset("openrlhf/k1-reward")).items()}
+    again = config("openrlhf/k1-reward", **recorded)
+    assert again == cfg  # a recorded config.yaml: the same settings, and the same term (equal by name)
+    assert "overriding" not in again.kl.head.note
+    assert resolve_heads(config("k3_as_loss")) == config("k3_as_loss")
+    assert config("k3_as_loss").kl.head == "k3_as_loss"
     loss = preset_settings(find_preset("verl/kl-loss-low-var-kl"))
     assert loss == {"level": "token", "form": "decoupled", "aggregation": "token_mean"}
     assert preset_settings(find_preset("slime/kl-loss-k1"))["aggregation"] == KL_AGGREGATION["seq_mean"]
@@ -132,7 +142,7 @@ def test_the_preset_sets_level_form_and_aggregation_and_says_what_it_overrode():
 def test_an_unknown_preset_id_names_kl_head_and_its_close_matches():
     with pytest.raises(ConfigError, match=r"kl\.head: 'verl/low-var-kl' is not a framework preset id; did you mean "
                        r"\['verl/kl-loss-low-var-kl'"):  # fmt: skip
-        resolve_preset(config("verl/low-var-kl"))
+        config("verl/low-var-kl")  # refused at load
     with pytest.raises(ConfigError, match=r"kl\.head must be one of .* a framework preset id"):
         config("trll/grpo-k3")  # not a framework: refused by the config itself
 

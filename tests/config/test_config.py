@@ -28,13 +28,11 @@ from klgrad.choices import (
     ShapingMethod,
 )
 from klgrad.config import (
-    SCHEMA_FILE,
     AlgoConfig,
     Config,
     ConfigError,
     ConfigLoader,
     KLConfig,
-    config_reference,
     dump_yaml,
     json_schema,
     load_config,
@@ -42,9 +40,9 @@ from klgrad.config import (
     parse_override_args,
     parse_value,
     resolve_config_path,
-    schema_text,
     to_dict,
 )
+from klgrad.docs import SCHEMA_FILE, config_reference, schema_text
 from klgrad.kl import KL_HEADS
 from tests.helpers.case_counts import CASES, report_counts
 

@@ -51,6 +51,18 @@ EVERY_STEP = (
 )
 
 
+SMALL_FLAGS = {
+    "rollout.prompts_per_step": 4,
+    "rollout.group_size": 4,
+    "data.n_eval": 8,
+    "data.n_train": 200,
+    "train.tensorboard": "false",
+    "algo.micro_batch_size": 8,
+    "train.threads": 2,
+}
+"""tests/helpers/tiny_runs.py's small run as ``klgrad train`` flags."""
+
+
 def weights(path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(path))
 
@@ -163,7 +175,7 @@ def test_a_framework_preset_head_trains_records_its_settings_and_says_what_it_ov
     """``kl.head: <preset id>`` (klgrad.audit.framework_head): the run's config.yaml holds the preset's level, form
     and aggregation, stderr names what it overrode, and its KL term is a loss of its own (verl's low_var_kl: 0 at
     step 1, where π = π_ref, then k3 > 0)."""
-    from klgrad.config import load_config
+    from klgrad.config import load_config, load_yaml
 
     head = "verl/kl-loss-low-var-kl"
     over = {"kl.form": "combined", "kl.level": "sequence", "optim.lr": 1e-2}
@@ -171,7 +183,8 @@ def test_a_framework_preset_head_trains_records_its_settings_and_says_what_it_ov
     train(cfg, progress=False)
     run = Path(cfg.train.out_dir)
     kl = load_config(run / "config.yaml").kl
-    assert (kl.head, kl.level, kl.form, kl.aggregation) == (head, "token", "decoupled", "token_mean")
+    assert (str(kl.head), kl.level, kl.form, kl.aggregation) == (head, "token", "decoupled", "token_mean")
+    assert load_yaml((run / "config.yaml").read_text())["kl"]["head"] == head  # recorded as the id
     err = capsys.readouterr().err
     assert f"kl.head {head} (" in err
     assert "(overriding kl.level sequence, kl.form combined, kl.aggregation null)" in err
@@ -179,6 +192,52 @@ def test_a_framework_preset_head_trains_records_its_settings_and_says_what_it_ov
     assert len(rs) == 2
     assert rs[0]["loss/kl"] == pytest.approx(0.0, abs=1e-6)  # float32 log-probs of one model: k3(u ≈ 0) ≈ u²/2
     assert rs[1]["loss/kl"] > 1e-3
+
+
+def test_train_and_update_never_see_a_preset_id(tmp_path, monkeypatch):
+    """Config load turns a framework preset id into the KL term it denotes: ``klgrad train --kl.head <id>`` hands
+    ``train()`` a config whose ``kl.head`` is the preset's :class:`~klgrad.objective.KLTermHead` (with the preset's
+    level, form and aggregation), and ``train()`` hands it to every ``update()`` (tinker's batch-baseline preset, whose
+    term refuses to run without the batch's baseline). Nothing in the trainer imports ``klgrad.audit``."""
+    import ast
+
+    import klgrad.trainer
+    from klgrad.choices import is_preset_id
+    from klgrad.cli import main
+    from klgrad.objective import KLTermHead
+    from klgrad.trainer import loop
+
+    seen: list[tuple[str, object, object]] = []
+    real_train, real_update = klgrad.trainer.train, loop.update
+
+    def spy_train(cfg, **kw):
+        seen.append(("train", cfg.kl.head, (cfg.kl.level, cfg.kl.form, cfg.kl.aggregation)))
+        return real_train(cfg, **kw)
+
+    def spy_update(policy, optimizer, batch, cfg, *args, **kw):
+        seen.append(("update", cfg.kl.head, (cfg.kl.level, cfg.kl.form, cfg.kl.aggregation)))
+        return real_update(policy, optimizer, batch, cfg, *args, **kw)
+
+    monkeypatch.setattr(klgrad.trainer, "train", spy_train)
+    monkeypatch.setattr(loop, "update", spy_update)
+    flags = {**SMALL_FLAGS, "train.steps": 2, "train.eval_every": 0, "train.out_dir": str(tmp_path / "run")}
+    args = [x for k, v in flags.items() for x in (f"--{k}", str(v))]
+    assert main(["train", "--config", "configs/tiny_add.yaml", "--kl.head", "tinker/kl-advantage", *args]) == 0
+    assert [where for where, _, _ in seen] == ["train", "update", "update"]
+    for _, head, settings in seen:
+        assert isinstance(head, KLTermHead)
+        assert not is_preset_id(head)
+        assert head.name == "tinker/kl-advantage"
+        assert settings == ("token", "decoupled", "seq_mean_token_sum")
+    trainer_dir = Path(klgrad.trainer.__file__).parent
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for path in trainer_dir.glob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not [m for m in imported if m and m.startswith("klgrad.audit")]
 
 
 def test_file_data_path_runs(tmp_path):

@@ -15,16 +15,20 @@ per-token rule, clamps, ratio handling and entry point:
   task reward, which the record does not model). Its clip acts on the KL part alone, which off-policy differs
   from a clip of the summed advantage; on-policy (one update per rollout) the gradients agree.
 
-The per-response totals are reduced by the preset's aggregation (:data:`KL_AGGREGATION`), written into the run's
-``kl.aggregation``; ``kl.level`` and ``kl.form`` are set to the preset's (:func:`preset_settings`), so the recorded
-config shows what trained; :func:`resolve_preset` says what it overrode. ``kl.beta`` is the preset's KL weight;
-``kl.clip_eps``, ``kl.ratio_level`` and ``kl.is_correction`` do not apply (the record has its own ratio and clip).
+Config load makes the preset an ordinary KL term (:func:`resolve_head`, the resolver the package registers in
+:data:`klgrad.choices.HEAD_RESOLVERS`): ``kl.head`` becomes the preset's :class:`~klgrad.objective.KLTermHead`
+(:func:`preset_head`), whose note says what it set and overrode. The per-response totals are reduced by the preset's
+aggregation (:data:`KL_AGGREGATION`), written into the run's ``kl.aggregation``; ``kl.level`` and ``kl.form`` are
+set to the preset's (:func:`preset_settings`), so the recorded config shows what trained. ``kl.beta`` is the
+preset's KL weight; ``kl.clip_eps``, ``kl.ratio_level`` and ``kl.is_correction`` do not apply (the record has its
+own ratio and clip).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 
 import torch
 from torch import Tensor
@@ -32,9 +36,9 @@ from torch import Tensor
 from klgrad.audit.framework_kl import FrameworkKL
 from klgrad.audit.presets import PRESETS
 from klgrad.choices import Aggregation, Level, is_preset_id
-from klgrad.config import Config, ConfigError
+from klgrad.config import ConfigError, KLConfig
 from klgrad.kl.numerics import at_least_f32
-from klgrad.objective import KLTerm
+from klgrad.objective import KLTerm, KLTermHead
 
 PRESETS_BY_ID: dict[str, FrameworkKL] = {p.id: p for p in PRESETS}
 """Every preset of ``klgrad audit --framework``, by id."""
@@ -89,28 +93,35 @@ def entry_text(preset: FrameworkKL) -> str:
     return f"in the reward: {ret[preset.returns]}{base}, {preset.ratio} ratio, {clip}, unshaped"
 
 
-def resolve_preset(cfg: Config) -> tuple[Config, str | None]:
-    """``cfg`` with the preset's ``kl`` settings (:func:`preset_settings`) when ``kl.head`` is a preset id, and a
-    line saying what the preset sets and which configured values it overrode; ``(cfg, None)`` for any other head.
-    Idempotent. Raises :class:`ConfigError` naming ``kl.head`` (with close matches) for an unknown id."""
-    if not is_preset_id(cfg.kl.head):
-        return cfg, None
+def resolve_head(kl: KLConfig) -> KLConfig:
+    """``kl`` with the preset's KL term as its head (:func:`preset_head`) and the preset's settings
+    (:func:`preset_settings`) when ``kl.head`` is a preset id; any other record unchanged (so idempotent). The term's
+    note says what the preset sets and which configured values it overrode. Raises :class:`ConfigError` naming
+    ``kl.head`` (with close matches) for an unknown id."""
+    if not is_preset_id(kl.head):
+        return kl
     try:
-        preset = find_preset(cfg.kl.head)
+        preset = find_preset(kl.head)
     except ValueError as e:
         raise ConfigError(f"kl.head: {e}") from None
     settings = preset_settings(preset)
     shown = lambda v: "null" if v is None else v  # noqa: E731 (as config.yaml writes it)
-    overridden = [f"kl.{k} {shown(getattr(cfg.kl, k))}" for k, v in settings.items() if getattr(cfg.kl, k) != v]
-    effective = dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, **settings))
+    overridden = [f"kl.{k} {shown(getattr(kl, k))}" for k, v in settings.items() if getattr(kl, k) != v]
     sets = ", ".join(f"kl.{k} {v}" for k, v in settings.items())
-    line = (
-        f"kl.head {preset.id} ({preset.variant}): KL {entry_text(preset)}, β = kl.beta {cfg.kl.beta}; sets {sets}"
+    note = (
+        f"kl.head {preset.id} ({preset.variant}): KL {entry_text(preset)}, β = kl.beta {kl.beta}; sets {sets}"
         + (f" (overriding {', '.join(overridden)})" if overridden else "")
         + "; kl.clip_eps, kl.ratio_level and kl.is_correction do not apply"
         + (f"; not modelled: {preset.std_normalised}" if preset.std_normalised else "")
     )
-    return effective, line
+    return dataclasses.replace(kl, head=preset_head(preset, note), **settings)
+
+
+def preset_head(preset: FrameworkKL, note: str = "") -> KLTermHead:
+    """The preset as a :class:`~klgrad.objective.KLTermHead` named by its id: its term (:func:`preset_term`), and for a
+    ``batch_baseline`` preset the sums its baseline is taken from (:func:`penalty_sums`)."""
+    sums = functools.partial(penalty_sums, preset) if preset.batch_baseline else None
+    return KLTermHead(preset.id, functools.partial(preset_term, preset), sums, note)
 
 
 def preset_term(preset: FrameworkKL, baseline: Tensor | float | None = None) -> KLTerm:

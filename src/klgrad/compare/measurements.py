@@ -216,8 +216,8 @@ def measure_after(
     from klgrad.compare.design import now, run_name, with_beta, write_json
     from klgrad.compare.provenance import source_revision
     from klgrad.config import load_config
+    from klgrad.threads import cpu_threads
     from klgrad.trainer import latest_checkpoint
-    from klgrad.trainer.loop import cpu_threads
 
     done = Measured()
     todo = []

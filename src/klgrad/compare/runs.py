@@ -126,7 +126,7 @@ def ensure_run(
     (``to_step`` None) and closed with the last step trained: a killed call's machine is on record too.
     """
     from klgrad.compare.measurements import measure_run
-    from klgrad.trainer.loop import cpu_threads
+    from klgrad.threads import cpu_threads
 
     run_dir = Path(cfg.train.out_dir)
     done = run_dir / "final.json"

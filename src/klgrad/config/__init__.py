@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from klgrad.choices import HEAD_RESOLVERS
 from klgrad.config import sections
 from klgrad.config.sections import AlgoConfig, Config, KLConfig, KLHeadOptions  # noqa: F401 (the records' home)
 
@@ -139,7 +140,8 @@ def parse_override_args(args: list[str]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """YAML file + dotted overrides (``{"kl.beta": 0.1}``) -> :class:`Config`, or a :class:`ConfigError` of all."""
+    """YAML file + dotted overrides (``{"kl.beta": 0.1}``) -> :class:`Config` (:func:`resolve_heads`), or a
+    :class:`ConfigError` of all."""
     p = None if path is None else resolve_config_path(path)
     if p is not None and not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -157,9 +159,16 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             raise ConfigError(f"{dotted}: {names[-1]} is not a section")
         node[name] = value
     try:  # JSON mode: strict types, yet sections are given as mappings
-        return _adapter(Config).validate_json(json.dumps(data, default=str))
+        cfg = _adapter(Config).validate_json(json.dumps(data, default=str))
     except ValidationError as e:
         raise ConfigError("\n".join(problem_lines(e.errors()))) from None
+    return resolve_heads(cfg)
+
+
+def resolve_heads(cfg: Config) -> Config:
+    """``cfg`` through the registered resolvers (:data:`klgrad.choices.HEAD_RESOLVERS`: a framework preset id becomes
+    its KL term, with the preset's level, form and aggregation; an unknown id a :class:`ConfigError`). Idempotent."""
+    return functools.reduce(lambda resolved, resolve: resolve(resolved), HEAD_RESOLVERS, cfg)
 
 
 def resolve_config_path(path: str | Path) -> Path:
@@ -167,32 +176,3 @@ def resolve_config_path(path: str | Path) -> Path:
     p, parts = Path(path), Path(path).parts[1:] if Path(path).parts[:1] == ("configs",) else Path(path).parts
     shipped = importlib.resources.files("klgrad").joinpath("configs", *parts) if parts and ".." not in parts else None
     return Path(str(shipped)) if not (p.is_file() or p.is_absolute()) and shipped and shipped.is_file() else p
-
-
-def config_reference() -> str:
-    """Markdown table of every field (dotted name, schema, default, doc) from the JSON schema: it cannot drift."""
-    schema, defaults = json_schema(), to_dict(Config())
-    rows = ["| field | JSON schema | default | meaning |", "|" + "---|" * 4]
-    for section, ref in schema["properties"].items():
-        for name, node in schema["$defs"][ref["$ref"].rsplit("/", 1)[1]]["properties"].items():
-            kind = json.dumps({k: v for k, v in node.items() if k not in ("default", "description", "title")})
-            cells = f"`{section}.{name}`", f"`{kind}`", f"`{defaults[section][name]!r}`", node["description"]
-            rows.append("| " + " | ".join(" ".join(c.split()).replace("|", "\\|") for c in cells) + " |")
-    return "\n".join(rows)
-
-
-SCHEMA_FILE = "klgrad.schema.json"  # beside the shipped configs, each naming it on its first line for YAML editors
-INTRO = """# Configuration reference\n\nGenerated from `src/klgrad/config/sections.py` by `python -m klgrad.docs` (a
-test fails when it drifts); set fields in YAML sections or with dotted flags (`klgrad train --kl.beta 0.1`); what a
-resume may change: [reliability.md](reliability.md#1-a-killed-run-resumes-to-exactly-the-run-it-would-have-been).\n"""
-
-
-def schema_text() -> str:
-    """The JSON schema as written to ``klgrad/configs/klgrad.schema.json``."""
-    return json.dumps(json_schema(), indent=1, ensure_ascii=False) + "\n"
-
-
-def write_reference(path: str | Path = "docs/configuration.md") -> None:
-    """Regenerate docs/configuration.md and the configs' JSON schema (by ``python -m klgrad.docs``)."""
-    Path(path).write_text(f"{INTRO}\n{config_reference()}\n", encoding="utf-8")
-    (Path(str(importlib.resources.files("klgrad"))) / "configs" / SCHEMA_FILE).write_text(schema_text(), "utf-8")

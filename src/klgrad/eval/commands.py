@@ -85,7 +85,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from klgrad.eval.report import print_table, write_outputs
     from klgrad.eval.run import EvalSettings, evaluate_all, resolve_eval_device
     from klgrad.runlock import run_lock
-    from klgrad.trainer.loop import cpu_threads
+    from klgrad.threads import cpu_threads
 
     try:  # every argument, file and model folder checked before any sampling
         settings = EvalSettings(

@@ -43,7 +43,7 @@ def measure_forgetting(options: ForgettingOptions) -> dict:
     from klgrad.eval.models import load_eval_model, locate_model, run_config
     from klgrad.eval.run import resolve_eval_device
     from klgrad.exact.estimators import CHAT_PROMPTS, FORGETTING_MAX_NEW_TOKENS, chat_prompts, forgetting_kl
-    from klgrad.trainer.loop import cpu_threads
+    from klgrad.threads import cpu_threads
 
     device = resolve_eval_device(options.device, "klgrad")
     src = locate_model(options.policy)

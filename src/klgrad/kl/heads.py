@@ -468,8 +468,9 @@ def get_kl_head(name: str | KLHead) -> KLHead:
             return load_kl_head(name)
         if isinstance(name, str) and "/" in name:
             raise ValueError(
-                f"{name!r} is a framework preset id, not a KL head: its term is built by the trainer "
-                "(klgrad.audit.framework_head.preset_term) for `klgrad train` and `klgrad compare`"
+                f"{name!r} is a framework preset id, not a KL head: klgrad.config.load_config turns it into its "
+                "KL term (klgrad.audit.framework_head.resolve_head); for a Config made by hand, "
+                "klgrad.config.resolve_heads(cfg)"
             )
         raise ValueError(
             f"unknown KL head {name!r}; choose one of {sorted(KL_HEADS)}, a registered head, or 'package.module:name'"

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from klgrad.audit.framework_head import resolve_preset
+from klgrad.choices import ResolvedHead
 from klgrad.config import Config
 from klgrad.data.example import Example, examples_to_columns
 from klgrad.distributed import Dist, check_config
@@ -48,7 +48,7 @@ from klgrad.rollout.mismatch import mismatch_weights
 from klgrad.rollout.samplers import KlgradSampler
 from klgrad.runlock import RunLockedError, run_lock
 from klgrad.stopping import StopRule, parse_stop_rule, stop_point
-from klgrad.threads import CpuShare
+from klgrad.threads import CpuShare, adapt_threads, training_threads
 from klgrad.trainer.checkpoints import prune_checkpoints, save_checkpoint
 from klgrad.trainer.draws import draw_prompts, pad_responses, rollout_uniforms, step_generator
 from klgrad.trainer.evaluation import evaluate
@@ -86,9 +86,9 @@ def train(
 ) -> dict:
     """Run (or resume) RL training as configured; returns the summary dict (also written to summary.json).
 
-    When ``kl.head`` is a framework preset id, the preset's ``kl.level``, ``kl.form`` and ``kl.aggregation``
-    replace the configured ones before anything else (:func:`klgrad.audit.framework_head.resolve_preset`): the
-    run's config.yaml records them, and a line on stderr says what the preset overrode.
+    ``cfg`` is as :func:`~klgrad.config.load_config` made it: a framework preset id is already its KL term, with the
+    preset's ``kl.level``, ``kl.form`` and ``kl.aggregation`` (config.yaml records them); a line on stderr says
+    what the preset set and overrode (the term's note).
 
     A resume refuses a config that differs from the run's recorded one outside
     :data:`~klgrad.trainer.setup.RESUMABLE` (:func:`~klgrad.trainer.setup.check_resume`), before anything is
@@ -107,12 +107,9 @@ def train(
     and holds it until every rank is done; if another process holds it, every rank raises
     :class:`~klgrad.runlock.RunLockedError` and nothing in the directory is touched.
     """
-    if isinstance(cfg.train.threads, int):
-        torch.set_num_threads(cfg.train.threads)
     dist = Dist.from_env(cfg.model.device)  # the accelerator's placement: the same rule as resolve_device
-    cfg, preset_line = resolve_preset(cfg)  # kl.head a framework preset: its level, form, aggregation win
-    if preset_line and dist.is_main:
-        print(preset_line, file=sys.stderr, flush=True)
+    if isinstance(cfg.kl.head, ResolvedHead) and cfg.kl.head.note and dist.is_main:
+        print(cfg.kl.head.note, file=sys.stderr, flush=True)
     check_config(cfg, dist.world)
     if resume:
         check_resume(cfg, Path(cfg.train.out_dir))
@@ -123,7 +120,7 @@ def train(
     kl_head(cfg)  # a user's module:name head is imported here, before anything is written
     model_dir = reference_path(cfg)
     device = resolve_device(cfg.model.device, dist.world)
-    with hold_run_dir(Path(cfg.train.out_dir), dist), shared_cpu(cfg.train.threads == "auto") as cpu:
+    with hold_run_dir(Path(cfg.train.out_dir), dist), training_threads(cfg.train.threads) as cpu:
         hooks = Hooks.from_env(os.environ) if hooks is None else hooks
         run = setup_run(cfg, dist, data, specs, model_dir, device, resume, hooks)
         summary = run_steps(run, progress, stop_after, cpu)
@@ -154,57 +151,6 @@ def hold_run_dir(run_dir: Path, dist: Dist) -> Iterator[None]:
         yield
 
 
-@contextlib.contextmanager
-def shared_cpu(auto: bool) -> Iterator[CpuShare | None]:
-    """``train.threads: auto``: register this process as a klgrad process sharing the CPU
-    (:class:`klgrad.threads.CpuShare`), take its first share (only the split among klgrad processes: no load
-    is known yet), and give torch its previous thread count back at the end (a library call leaves the
-    caller's setting as it found it). Otherwise yields None."""
-    if not auto:
-        yield None
-        return
-    before = torch.get_num_threads()
-    try:
-        with CpuShare() as cpu:
-            # set even when unchanged: torch.set_num_threads also turns MKL's dynamic thread count off, which a
-            # process that never calls it keeps on (measured ~7% slower steps alone, bench/contention.py)
-            torch.set_num_threads(cpu.threads())
-            yield cpu
-    finally:
-        torch.set_num_threads(before)
-
-
-@contextlib.contextmanager
-def cpu_threads(setting: int | str | None) -> Iterator[CpuShare | None]:
-    """Work outside training (an evaluation, a grid's final metrics, a forgetting measurement) under the thread
-    rule of ``train.threads``: ``"auto"`` registers this process as a klgrad process sharing the CPU and takes its
-    share once, at entry (:func:`shared_cpu`: beside a training run on 2 cores, one thread each instead of both
-    fighting over both cores); an int N runs with N threads; None leaves torch's setting. Torch's thread count is
-    given back at the end."""
-    if setting == "auto":
-        with shared_cpu(True) as cpu:
-            yield cpu
-        return
-    if setting is None:
-        yield None
-        return
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(int(setting))
-        yield None
-    finally:
-        torch.set_num_threads(before)
-
-
-def adapt_threads(cpu: CpuShare | None) -> None:
-    """``train.threads: auto``: set torch's thread count to this process's share of the free cores
-    (:class:`klgrad.threads.CpuShare`, decided from the load since the previous call); otherwise nothing."""
-    if isinstance(cpu, CpuShare):
-        n = cpu.threads()
-        if n != torch.get_num_threads():
-            torch.set_num_threads(n)
-
-
 def run_steps(run: Run, progress: bool, stop_after: int | None, cpu: CpuShare | None = None) -> dict:
     """Steps ``run.start + 1 .. train.steps`` (or ``stop_after`` of them), then the summary and curves. With
     ``cpu`` (``train.threads: auto``) the thread count is re-decided before every step and recorded
@@ -225,9 +171,9 @@ def run_steps(run: Run, progress: bool, stop_after: int | None, cpu: CpuShare | 
     rule = parse_stop_rule(cfg.train.stop_when) if cfg.train.stop_when else None
     history = stop_history(read_jsonl(run.record.metrics_path), rule) if rule and dist.is_main else []
     for step in bar:
-        adapt_threads(cpu)
+        threads = adapt_threads(cpu)
         record, stats = train_step(run, step)
-        record["cpu/threads"] = torch.get_num_threads()
+        record["cpu/threads"] = threads
         stopped = end_of_step(run, step + 1, record, rule, history)
         bar.set_postfix(
             reward=f"{record['reward/mean']:.3f}",

@@ -13,18 +13,16 @@ from pathlib import Path
 
 import torch
 
-from klgrad.audit.framework_head import find_preset
-from klgrad.audit.framework_kl import FrameworkKL
-from klgrad.choices import is_preset_id
 from klgrad.config import Config, ConfigError, load_config, to_dict
 from klgrad.data.example import Example
 from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
 from klgrad.distributed import Dist, this_process_placement
-from klgrad.kl import KLHead, get_kl_head
+from klgrad.kl import KLHead
 from klgrad.logprobs import logprobs_and_next_kl
 from klgrad.models import disable_dropout, load_model_and_tokenizer
 from klgrad.models.lora import apply_lora, base_view, trainable_parameters
+from klgrad.objective import KLTermHead, ObjectiveSpec
 from klgrad.rewards import RewardSpec
 from klgrad.rollout.batch import Sampler
 from klgrad.rollout.encoding import uses_chat
@@ -56,12 +54,13 @@ def load_data(cfg: Config) -> tuple[list[Example], list[Example]]:
     return train, heldout
 
 
-def kl_head(cfg: Config) -> KLHead | FrameworkKL:
+def kl_head(cfg: Config) -> KLHead | KLTermHead:
     """``kl.head``: a built-in, a registered head or a user's ``module:name``, imported now (before anything is
-    written), or a framework preset's record. Raises :class:`ConfigError` naming ``kl.head`` when it cannot be
-    loaded (an unknown preset id: with its close matches)."""
+    written), or the KL term config load made of a framework preset id. Raises :class:`ConfigError` naming
+    ``kl.head`` when it cannot be loaded (a preset id in a config not made by ``load_config``: with the fix)."""
+    spec = ObjectiveSpec(cfg.kl, cfg.algo)
     try:
-        return find_preset(cfg.kl.head) if is_preset_id(cfg.kl.head) else get_kl_head(cfg.kl.head)
+        return spec.term_head or spec.head
     except ValueError as e:
         raise ConfigError(f"kl.head: {e}") from None
 

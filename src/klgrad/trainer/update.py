@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from klgrad.audit.framework_head import find_preset, penalty_sums, preset_term, resolve_preset
-from klgrad.choices import is_preset_id
 from klgrad.config import Config
 from klgrad.distributed import Dist
 from klgrad.logprobs import sequence_logprobs
@@ -151,22 +149,20 @@ def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
 def loss_spec(
     cfg: Config, batch: Batch, policy: torch.nn.Module, logprob_fn: LogprobFn, dist: Dist = SINGLE
 ) -> ObjectiveSpec:
-    """The loss ``cfg``'s records describe, ``ObjectiveSpec(cfg.kl, cfg.algo)``; when ``kl.head`` is a framework
-    preset id, with the preset's term (:func:`klgrad.audit.framework_head.preset_term`) built from its record.
-    A ``batch_baseline`` preset's baseline is the penalty's token mean over the step's whole batch (every rank),
-    from the behaviour log-probs: ``batch.old_logp``, or on-policy a no-grad forward of ``policy``."""
-    if not is_preset_id(cfg.kl.head):
-        return ObjectiveSpec(cfg.kl, cfg.algo)
-    preset = find_preset(cfg.kl.head)
-    baseline = None
-    if preset.batch_baseline:
-        behaviour = batch.old_logp
-        if behaviour is None:
-            with torch.no_grad():
-                behaviour, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
-        total, tokens = dist.sum(list(penalty_sums(preset, behaviour, batch.ref_logp, batch.mask)))
-        baseline = total / max(tokens, 1.0)
-    return ObjectiveSpec(cfg.kl, cfg.algo, kl_term=preset_term(preset, baseline))
+    """The loss ``cfg``'s records describe, ``ObjectiveSpec(cfg.kl, cfg.algo)``; for a term head that takes a batch
+    baseline (:attr:`~klgrad.objective.KLTermHead.baseline_sums`, a framework preset's), with the baseline: its
+    sums over the step's whole batch (every rank), from the behaviour log-probs ``batch.old_logp``, or on-policy a
+    no-grad forward of ``policy``."""
+    spec = ObjectiveSpec(cfg.kl, cfg.algo)
+    sums = spec.term_head.baseline_sums if spec.term_head is not None else None
+    if sums is None:
+        return spec
+    behaviour = batch.old_logp
+    if behaviour is None:
+        with torch.no_grad():
+            behaviour, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
+    total, tokens = dist.sum(list(sums(behaviour, batch.ref_logp, batch.mask)))
+    return dataclasses.replace(spec, kl_baseline=total / max(tokens, 1.0))
 
 
 def step_advantages(batch: Batch, cur_logp: Tensor | None, cfg: Config, spec: ObjectiveSpec, dist: Dist) -> Tensor:
@@ -258,7 +254,7 @@ def update(
 ) -> UpdateStats:
     """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns the mean statistics. The loss
     is the one ``cfg``'s records describe: ``ObjectiveSpec(cfg.kl, cfg.algo)`` (its β: ``cfg.kl.beta``, the β in
-    force), with a framework preset's term when ``kl.head`` is a preset id (:func:`loss_spec`).
+    force), with a term head's batch baseline (:func:`loss_spec`).
 
     A non-finite loss or gradient norm (on any rank) skips that optimizer step: gradients are dropped, weights
     and AdamW state stay untouched, and ``skipped_updates`` counts it.
@@ -269,7 +265,6 @@ def update(
     summed gradient equals the single-process one. Statistics are summed over ranks (grad norm: already global).
     ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`; default: none).
     """
-    cfg, _ = resolve_preset(cfg)  # a framework preset's kl settings (train() has applied and shown them)
     spec = loss_spec(cfg, batch, policy, logprob_fn, dist)  # the config's own records, handed to the loss as they are
     train_model = PolicyLogprobs(policy, logprob_fn) if train_model is None else train_model
     n = batch.mask.shape[0]
