@@ -53,7 +53,7 @@ KLTerm = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]
 included; ``old_logp`` None on-policy), in place of a head's :func:`klgrad.kl.kl_loss_per_sequence`."""
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class KLTermHead(ResolvedHead):
     """``kl.head`` given as its decoupled KL term: what config load turns a framework preset id into
     (:mod:`klgrad.audit.framework_head`). The term's own rule reads the log-probs (its ratio, clamps, clip and entry
@@ -78,6 +78,9 @@ class KLTermHead(ResolvedHead):
 
     def __str__(self) -> str:
         return self.name
+
+    def __repr__(self) -> str:
+        return f"KLTermHead({self.name!r})"
 
 
 @dataclass(frozen=True)

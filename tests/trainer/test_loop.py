@@ -240,6 +240,42 @@ def test_train_and_update_never_see_a_preset_id(tmp_path, monkeypatch):
     assert not [m for m in imported if m and m.startswith("klgrad.audit")]
 
 
+OPTIONAL_PASSES = ("behaviour_logprobs", "batch_stepwise_kl", "correct_mismatch", "adapt_beta", "reset_reference")
+"""The loop's optional passes (klgrad.trainer.stages): each runs only when the config asks for it."""
+
+
+@pytest.mark.parametrize(
+    ("over", "called"),
+    [
+        ({}, ()),  # the default: on-policy, fixed β, no mismatch: no optional pass at all
+        (
+            {"algo.ppo_epochs": 2, "train.log_stepwise_kl": True, "rollout.mismatch_correction": "token",
+             "kl.target_kl": 0.01, "kl.reset_ref_every": 1},
+            OPTIONAL_PASSES,
+        ),
+        ({"rollout.sampler_dtype": "bfloat16"}, ("behaviour_logprobs",)),  # measured, not corrected
+    ],
+)  # fmt: skip
+def test_each_optional_pass_is_a_stage_chosen_at_setup(tmp_path, monkeypatch, over, called):
+    """:func:`klgrad.trainer.loop.choose_stages` picks a pass for each option that asks for one and the no-op for
+    the others: over 2 steps each chosen pass runs every step and no other does."""
+    from klgrad.trainer import loop
+
+    calls = {name: 0 for name in OPTIONAL_PASSES}
+
+    def counted(name, real):
+        def stage(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return stage
+
+    for name in OPTIONAL_PASSES:
+        monkeypatch.setattr(loop, name, counted(name, getattr(loop, name)))
+    train(small(tmp_path, **{"train.steps": 2, "train.eval_every": 0, **over}), progress=False)
+    assert calls == {name: 2 if name in called else 0 for name in OPTIONAL_PASSES}
+
+
 def test_file_data_path_runs(tmp_path):
     cfg = small(
         tmp_path,

@@ -1,10 +1,11 @@
 """The RL trainer: ``train(cfg)`` runs the loop of :mod:`klgrad.trainer.loop`.
 
-One concern per module: :mod:`~klgrad.trainer.loop` (the algorithm, top to bottom), :mod:`~klgrad.trainer.setup`
-(models, data, optimizer, resumed state), :mod:`~klgrad.trainer.draws` (each step's prompts and sampling
-uniforms), :mod:`~klgrad.trainer.update` (the optimizer steps on one rollout), :mod:`~klgrad.trainer.evaluation`
-(held-out metrics), :mod:`~klgrad.trainer.record` (metrics and their sinks), :mod:`~klgrad.trainer.checkpoints`
-and :mod:`~klgrad.trainer.faults` (the reliability tests' hooks).
+One concern per module: :mod:`~klgrad.trainer.loop` (the algorithm, top to bottom), :mod:`~klgrad.trainer.stages`
+(its optional passes, chosen at setup), :mod:`~klgrad.trainer.setup` (models, data, optimizer, resumed state),
+:mod:`~klgrad.trainer.draws` (each step's prompts and sampling uniforms), :mod:`~klgrad.trainer.update` (the
+optimizer steps on one rollout), :mod:`~klgrad.trainer.evaluation` (held-out metrics), :mod:`~klgrad.trainer.record`
+(metrics and their sinks), :mod:`~klgrad.trainer.checkpoints`, :mod:`~klgrad.trainer.staleness` (stale rollouts) and
+:mod:`~klgrad.trainer.faults` (the reliability tests' hooks).
 """
 
 from klgrad.kl import adaptive_beta

@@ -82,10 +82,11 @@ def step_record(
     *,
     lr: float,
     clock: StepClock,
+    beta: float | None = None,
 ) -> dict:
     """The metrics of one step (docs/metrics.md): rewards, sequence KL estimates of the pre-update policy,
-    lengths, the update's statistics, the β the loss used (``cfg.kl.beta``, the β in force), learning rate and
-    timings.
+    lengths, the update's statistics, the β the loss used (``beta``, the β in force; default ``cfg.kl.beta``),
+    learning rate and timings.
 
     The KL estimates use the trainer's own log-probs of the rollout when it recomputed them (a sampler in other
     arithmetic: ``batch.trainer_logp``), else the sampler's: a mismatched engine's log-probs would add the
@@ -121,7 +122,7 @@ def step_record(
         "ratio/max": stats.ratio_max,
         "grad_norm": stats.grad_norm,
         "skipped_updates": stats.skipped_updates,
-        "beta": cfg.kl.beta,
+        "beta": cfg.kl.beta if beta is None else beta,
         "lr": lr,
         **clock.durations(),
         "time/step": time.perf_counter() - clock.start,
@@ -346,9 +347,9 @@ def stopped_at(records: list[dict], stop_when: str | None) -> dict | None:
     return hit if hit is not None and hit["step"] == records[-1]["step"] else None
 
 
-def finish_run(cfg: Config, run_dir: Path) -> dict:
-    """summary.json and curves.png from metrics.jsonl; returns the summary (with ``stopped`` when
-    ``train.stop_when`` ended the run)."""
+def finish_run(cfg: Config, run_dir: Path, beta: float | None = None) -> dict:
+    """summary.json and curves.png from metrics.jsonl (its title with ``beta``, the β in force at the end, default
+    ``kl.beta``); returns the summary (with ``stopped`` when ``train.stop_when`` ended the run)."""
     records = read_jsonl(run_dir / "metrics.jsonl")
     summary = summarize(records)
     stop = stopped_at(records, cfg.train.stop_when)
@@ -360,6 +361,6 @@ def finish_run(cfg: Config, run_dir: Path) -> dict:
             records,
             run_dir / "curves.png",
             f"klgrad train — {cfg.data.task}, head {cfg.kl.head} ({cfg.kl.level}, {cfg.kl.form}), "
-            f"β={cfg.kl.beta}, seed {cfg.train.seed}",
+            f"β={cfg.kl.beta if beta is None else beta}, seed {cfg.train.seed}",
         )
     return summary

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from klgrad.config import Config, ConfigError, load_config, to_dict
+from klgrad.config import Config, ConfigError, KLConfig, load_config, to_dict
 from klgrad.data.example import Example
 from klgrad.data.loaders import load_examples
 from klgrad.data.tasks import make_splits
@@ -93,18 +93,19 @@ class Run:
     """Everything a run holds between steps."""
 
     cfg: Config
-    """The config in force: :attr:`configured`, whose ``kl`` record an adaptive β (``kl.target_kl``) replaces by
-    one with the β in force after every step (the loss reads its β there: :func:`~klgrad.trainer.update.update`)."""
-    configured: Config
-    """The config as given and recorded in config.yaml (evaluation's J_β is at its β)."""
+    """The run's one config, as given and recorded in config.yaml (evaluation's J_β is at its ``kl.beta``)."""
+    beta: float
+    """The β in force: ``kl.beta``, moved after every step by an adaptive β (``kl.target_kl``), or a resumed run's
+    checkpoint value. The loss (:func:`~klgrad.trainer.update.update`), the record and the checkpoint read it here."""
     dist: Dist
     run_dir: Path
     policy: torch.nn.Module
     """The trained model (plain: rollout, no-grad passes, checkpoints); under LoRA the transformers model with
     peft's adapted layers in place."""
     ref: torch.nn.Module
-    """The reference π_ref (frozen; reloaded from the policy every ``kl.reset_ref_every`` steps). Under LoRA the
-    policy's base weights with the adapter off (:func:`~klgrad.models.lora.base_view`)."""
+    """The reference π_ref, frozen between resets: the policy's weights are copied into it every
+    ``kl.reset_ref_every`` steps (:func:`~klgrad.trainer.loop.reset_reference`). Under LoRA the policy's base
+    weights with the adapter off (:func:`~klgrad.models.lora.base_view`)."""
     tokenizer: object
     chat: bool
     """Prompts go through the tokenizer's chat template (``data.prompt_format``; :func:`uses_chat`)."""
@@ -125,6 +126,11 @@ class Run:
     """The fault-injection seam (:mod:`klgrad.trainer.faults`): no-ops unless a test installs callbacks."""
     stale: StaleSnapshots
     """The old policies stale rollouts sample from (``rollout.staleness``; :mod:`klgrad.trainer.staleness`)."""
+
+    @property
+    def kl(self) -> KLConfig:
+        """The ``kl`` record at the β in force (the record's field replaced, never a second β)."""
+        return self.cfg.kl if self.beta == self.cfg.kl.beta else dataclasses.replace(self.cfg.kl, beta=self.beta)
 
     @property
     def updates_per_step(self) -> int:
@@ -282,7 +288,7 @@ def setup_run(
 ) -> Run:
     """Load the models, build the sampler and optimizer, resume or create the run directory, write the run's
     files and open its record. Called under the run directory's lock. A resumed adaptive-β run goes on with its
-    checkpoint's β (the ``kl`` record replaced)."""
+    checkpoint's β (:attr:`Run.beta`)."""
     run_dir = Path(cfg.train.out_dir)
     policy, ref, tokenizer = load_policy_and_reference(cfg, model_dir, device)
     sampler = make_sampler(cfg.rollout.engine, tokenizer.eos_token_id, tokenizer.pad_token_id, **sampler_options(cfg))
@@ -302,12 +308,9 @@ def setup_run(
     train_model, optimizer = dist.prepare(PolicyLogprobs(policy, logprob_fn, analytic_fn), optimizer)
     if dist.is_main:
         write_run_files(cfg, run_dir, model_dir, dist.world)
-    in_force = cfg  # a resumed adaptive β goes on from its checkpoint's value (check_resume keeps kl.beta)
-    if beta is not None and beta != cfg.kl.beta:
-        in_force = dataclasses.replace(cfg, kl=dataclasses.replace(cfg.kl, beta=beta))
     return Run(
-        cfg=in_force,
-        configured=cfg,
+        cfg=cfg,
+        beta=cfg.kl.beta if beta is None else beta,  # a resumed adaptive β goes on from its checkpoint's value
         dist=dist,
         run_dir=run_dir,
         policy=policy,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from klgrad.config import Config
+from klgrad.config import AlgoConfig, Config, KLConfig
 from klgrad.distributed import Dist
 from klgrad.logprobs import sequence_logprobs
 from klgrad.objective import (
@@ -147,13 +147,13 @@ def mini_batch_rows(n: int, group_size: int, mini_batches: int) -> list[Tensor]:
 
 
 def loss_spec(
-    cfg: Config, batch: Batch, policy: torch.nn.Module, logprob_fn: LogprobFn, dist: Dist = SINGLE
+    kl: KLConfig, algo: AlgoConfig, batch: Batch, policy: torch.nn.Module, logprob_fn: LogprobFn, dist: Dist = SINGLE
 ) -> ObjectiveSpec:
-    """The loss ``cfg``'s records describe, ``ObjectiveSpec(cfg.kl, cfg.algo)``; for a term head that takes a batch
-    baseline (:attr:`~klgrad.objective.KLTermHead.baseline_sums`, a framework preset's), with the baseline: its
-    sums over the step's whole batch (every rank), from the behaviour log-probs ``batch.old_logp``, or on-policy a
-    no-grad forward of ``policy``."""
-    spec = ObjectiveSpec(cfg.kl, cfg.algo)
+    """The loss the records describe, ``ObjectiveSpec(kl, algo)``; for a term head that takes a batch baseline
+    (:attr:`~klgrad.objective.KLTermHead.baseline_sums`, a framework preset's), with the baseline: its sums over the
+    step's whole batch (every rank), from the behaviour log-probs ``batch.old_logp``, or on-policy a no-grad forward
+    of ``policy``."""
+    spec = ObjectiveSpec(kl, algo)
     sums = spec.term_head.baseline_sums if spec.term_head is not None else None
     if sums is None:
         return spec
@@ -165,18 +165,25 @@ def loss_spec(
     return dataclasses.replace(spec, kl_baseline=total / max(tokens, 1.0))
 
 
-def step_advantages(batch: Batch, cur_logp: Tensor | None, cfg: Config, spec: ObjectiveSpec, dist: Dist) -> Tensor:
-    """(n, T) advantages of this rank's rows, from the whole step's batch (batch-level shaping and the combined
-    form's statistics are global; each rank gathers the batch and keeps its rows). The KL term and the shaping
-    are ``spec``'s records; ``cfg`` gives only the group size."""
-    rewards, mask = dist.gather(batch.rewards), dist.gather(batch.mask)  # (N,), (N, T)
+def step_advantages(
+    rewards: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor,
+    cur_logp: Tensor | None,
+    cfg: Config,
+    spec: ObjectiveSpec,
+    dist: Dist,
+) -> Tensor:
+    """(n, T) advantages of this rank's rows, from the whole step's batch: ``rewards`` (N,), ``mask`` and ``ref_logp``
+    (N, T) hold every rank's rows, ``cur_logp`` (n, T) this rank's (the combined form's; gathered here). The KL term
+    and the shaping are ``spec``'s records; ``cfg`` gives only the group size."""
     kl, pg, g = spec.kl, spec.pg, cfg.rollout.group_size
     if kl.form == "combined":
         adv = combined_advantages(
             rewards,
             spec.head,
             dist.gather(cur_logp),
-            dist.gather(batch.ref_logp),
+            ref_logp,
             mask,
             beta=kl.beta,
             level=kl.level,
@@ -188,6 +195,36 @@ def step_advantages(batch: Batch, cur_logp: Tensor | None, cfg: Config, spec: Ob
     else:
         adv = decoupled_advantages(rewards, mask, g, pg.shaping, pg.std_min, pg.std_max)  # (N, T)
     return dist.local_rows(adv)  # (n, T)
+
+
+Advantages = Callable[[], Tensor]
+"""``advantages()``: this rank's (n, T) advantages for the next epoch (:func:`epoch_advantages`)."""
+
+
+def epoch_advantages(
+    batch: Batch,
+    rewards: Tensor,
+    mask: Tensor,
+    ref_logp: Tensor,
+    cfg: Config,
+    spec: ObjectiveSpec,
+    logprob_fn: LogprobFn,
+    policy: torch.nn.Module,
+    dist: Dist = SINGLE,
+) -> Advantages:
+    """Each epoch's advantages (:func:`step_advantages`; ``rewards``, ``mask``, ``ref_logp``: the whole batch's):
+    decoupled A = shape(R), the same at every epoch, computed now; combined A = shape(R − β·C), whose coefficient
+    reads the current policy: recomputed from a no-grad forward of ``policy`` at every call."""
+    if spec.kl.form != "combined":
+        adv = step_advantages(rewards, mask, ref_logp, None, cfg, spec, dist)  # (n, T)
+        return lambda: adv
+
+    def current() -> Tensor:
+        with torch.no_grad():
+            cur_logp, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
+        return step_advantages(rewards, mask, ref_logp, cur_logp, cfg, spec, dist)
+
+    return current
 
 
 def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
@@ -251,10 +288,12 @@ def update(
     dist: Dist = SINGLE,
     train_model: torch.nn.Module | None = None,
     hooks: Hooks = NO_HOOKS,
+    beta: float | None = None,
+    advantages: Advantages | None = None,
 ) -> UpdateStats:
     """``ppo_epochs`` × ``mini_batches`` optimizer steps on one rollout batch; returns the mean statistics. The loss
-    is the one ``cfg``'s records describe: ``ObjectiveSpec(cfg.kl, cfg.algo)`` (its β: ``cfg.kl.beta``, the β in
-    force), with a term head's batch baseline (:func:`loss_spec`).
+    is the one ``cfg``'s records describe: ``ObjectiveSpec(cfg.kl, cfg.algo)`` at ``beta``, the β in force (the run's
+    state; default ``cfg.kl.beta``), with a term head's batch baseline (:func:`loss_spec`).
 
     A non-finite loss or gradient norm (on any rank) skips that optimizer step: gradients are dropped, weights
     and AdamW state stay untouched, and ``skipped_updates`` counts it.
@@ -263,9 +302,11 @@ def update(
     differentiated through (DDP-wrapped under accelerate; default: of ``policy``). Normalisers are the global
     mini-batch's, and the loss is scaled by the world size W because DDP averages gradients over ranks: the
     summed gradient equals the single-process one. Statistics are summed over ranks (grad norm: already global).
-    ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`; default: none).
+    ``hooks``: the fault-injection seam (:mod:`klgrad.trainer.faults`; default: none). ``advantages``: each epoch's
+    (the loop's advantages stage); default :func:`epoch_advantages` of ``batch``, gathered here.
     """
-    spec = loss_spec(cfg, batch, policy, logprob_fn, dist)  # the config's own records, handed to the loss as they are
+    kl = cfg.kl if beta is None else dataclasses.replace(cfg.kl, beta=beta)  # the β in force: the record's field
+    spec = loss_spec(kl, cfg.algo, batch, policy, logprob_fn, dist)  # the config's own records, as they are
     train_model = PolicyLogprobs(policy, logprob_fn) if train_model is None else train_model
     n = batch.mask.shape[0]
     mini_batches = mini_batch_rows(n, cfg.rollout.group_size, cfg.algo.mini_batches)
@@ -275,12 +316,11 @@ def update(
     totals = UpdateStats()
     updates = 0
     inject_nan = hooks.nan(record_step)
+    if advantages is None:
+        gathered = dist.gather(batch.rewards), dist.gather(batch.mask), dist.gather(batch.ref_logp)
+        advantages = epoch_advantages(batch, *gathered, cfg, spec, logprob_fn, policy, dist)
     for _epoch in range(cfg.algo.ppo_epochs):
-        cur_logp = None
-        if spec.kl.form == "combined":  # the KL coefficient uses the current policy: recomputed every epoch
-            with torch.no_grad():
-                cur_logp, _ = logprob_fn(policy, batch.input_ids, batch.attention_mask, batch.response_start, False)
-        adv = step_advantages(batch, cur_logp, cfg, spec, dist)  # (n, T)
+        adv = advantages()  # (n, T); the combined form's from the current policy
         for rows, n_tok in zip(mini_batches, tokens, strict=True):
             optimizer.zero_grad(set_to_none=True)
             finite, ratio_max = True, -math.inf
