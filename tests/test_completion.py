@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from klgrad.choices import ANALYTIC_HEADS
 from klgrad.cli import build_parser, main
 from klgrad.completion import completion_script, completion_spec
 from klgrad.config import Config
@@ -83,7 +84,7 @@ def test_bash_completes_dotted_config_flags_of_train(bash_script):
 
 def test_bash_completes_choices_of_a_value(bash_script):
     assert sorted(_bash_complete(bash_script, ["klgrad", "train", "--kl.head", "k3"])) == ["k3_as_loss", "k3_in_reward"]
-    assert set(_bash_complete(bash_script, ["klgrad", "train", "--kl.head", ""])) == set(KL_HEADS)
+    assert set(_bash_complete(bash_script, ["klgrad", "train", "--kl.head", ""])) == {*KL_HEADS, *ANALYTIC_HEADS}
     assert _bash_complete(bash_script, ["klgrad", "train", "--train.wandb", "t"]) == ["true"]
     assert _bash_complete(bash_script, ["klgrad", "train", "--kl.level", "=", "token_"]) == ["token_to_go"]
     assert _bash_complete(bash_script, ["klgrad", "compare", "--level", "seq"]) == ["sequence"]
@@ -114,7 +115,7 @@ def test_spec_reads_the_parser():
         "completion",
     ]
     head = next(o for o in spec["train"]["options"] if o.flag == "--kl.head")
-    assert head.choices == tuple(KL_HEADS)
+    assert head.choices == (*KL_HEADS, *ANALYTIC_HEADS)
 
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
